@@ -1,0 +1,207 @@
+"""The text-environment contract shared by every CRL env.
+
+Holds:
+- ``TEXT_CHARSET``: the characters a CRL observation or action may contain.
+- ``Transition``: what one env step produced, before the contract turns it into gymnasium's tuple.
+- ``TextEnv``: the base class. A subclass implements ``_reset`` and ``_step`` and gets, for free,
+  the Text spaces, the info keys, invalid actions as no-op steps, the binary/score reward,
+  type checks, ``ResetNeeded`` and ``render_mode="ansi"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.error import ResetNeeded
+from gymnasium.spaces import Text
+
+__all__ = ["TEXT_CHARSET", "MAX_TEXT_LENGTH", "Transition", "TextEnv", "sanitize_text"]
+
+
+def _printable_charset() -> str:
+    """Every printable character of the Basic Multilingual Plane, plus newline and tab.
+
+    The envs emit real-world text (product pages, tool output, source code), so the charset is
+    Unicode-wide rather than gymnasium's default alphanumerics.
+    """
+    chars = ["\n", "\t"]
+    for code in range(0x20, 0x10000):
+        ch = chr(code)
+        if ch.isprintable():
+            chars.append(ch)
+    return "".join(chars)
+
+
+TEXT_CHARSET: str = _printable_charset()
+_CHARSET_SET = frozenset(TEXT_CHARSET)
+MAX_TEXT_LENGTH: int = 1_000_000
+REPLACEMENT_CHAR = "\ufffd"
+
+
+def sanitize_text(text: str) -> str:
+    """Map characters outside ``TEXT_CHARSET`` (control bytes, astral emoji) to U+FFFD."""
+    if all(ch in _CHARSET_SET for ch in text):
+        return text
+    return "".join(ch if ch in _CHARSET_SET else REPLACEMENT_CHAR for ch in text)
+
+
+@dataclass
+class Transition:
+    """The outcome of one env step, in the env's own terms.
+
+    ``valid=False`` means the action was not understood or not allowed: the env must not have
+    changed its state, and ``observation`` says what was wrong and what is allowed.
+    ``terminated`` is a real end of the task (won, lost, submitted); running out of steps is the
+    TimeLimit wrapper's business, never the env's.
+    """
+
+    observation: str
+    valid: bool = True
+    won: bool = False
+    terminated: bool = False
+    score: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class of every CRL env: string observations and actions under one contract.
+
+    Subclasses set ``env_id`` and ``instructions`` and implement:
+
+    - ``_reset(seed, options) -> str``: start an episode (use ``self.np_random`` for randomness,
+      already seeded by ``reset``), return the first observation;
+    - ``_step(action: str) -> Transition``: apply a string action;
+    - ``task`` (property): the goal in words;
+    - ``admissible_actions()``: the finite set of valid actions now, or ``None``.
+
+    Reward: ``reward_mode="binary"`` gives ``success_reward`` on a win and ``failure_reward`` on a
+    terminal loss (0 for most envs; ALFWorld's paper setting is -1), 0 otherwise;
+    ``reward_mode="score"`` gives the benchmark score on terminal steps.
+
+    Example:
+        >>> import gymnasium as gym, crl_envs
+        >>> env = gym.make("CRL/Sokoban-v0")
+        >>> obs, info = env.reset(seed=0)
+        >>> sorted(k for k in info if k in TextEnv.INFO_KEYS) == sorted(TextEnv.INFO_KEYS)
+        True
+        >>> obs, reward, terminated, truncated, info = env.step("jump")
+        >>> info["action_valid"], reward
+        (False, 0.0)
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    INFO_KEYS = ("task", "admissible_actions", "action_valid", "won", "score", "env_id")
+    REWARD_MODES = ("binary", "score")
+
+    env_id: str = "CRL/TextEnv-v0"
+    instructions: str = ""
+    success_reward: float = 1.0
+    failure_reward: float = 0.0
+
+    def __init__(self, render_mode: str | None = None, reward_mode: str = "binary") -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode={render_mode!r} is not supported; use None or 'ansi'."
+            )
+        if reward_mode not in self.REWARD_MODES:
+            raise ValueError(f"reward_mode={reward_mode!r} is not one of {self.REWARD_MODES}.")
+        self.render_mode = render_mode
+        self.reward_mode = reward_mode
+        self.observation_space = Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=TEXT_CHARSET)
+        self.action_space = Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=TEXT_CHARSET)
+        self._last_observation = ""
+        self._needs_reset = True
+        self._won = False
+        self._score = 0.0
+
+    # ----------------------------------------------------------------- subclass interface
+    def _reset(self, seed: int | None, options: dict[str, Any]) -> str:
+        raise NotImplementedError(f"{type(self).__name__} must implement _reset")
+
+    def _step(self, action: str) -> Transition:
+        raise NotImplementedError(f"{type(self).__name__} must implement _step")
+
+    @property
+    def task(self) -> str:
+        """The goal of the current episode, in words (also the retrieval query)."""
+        return ""
+
+    def admissible_actions(self) -> list[str] | None:
+        """The valid actions in the current state, where the set is finite; else ``None``."""
+        return None
+
+    # ----------------------------------------------------------------- gymnasium API
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        options = dict(options or {})
+        self._won = False
+        self._score = 0.0
+        observation = self._reset(seed, options)
+        self._needs_reset = False
+        return self._emit(observation, valid=True, extra={})
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not isinstance(action, str):
+            raise TypeError(
+                f"{self.env_id} actions are str, got {type(action).__name__}: {action!r:.80}"
+            )
+        if self._needs_reset:
+            raise ResetNeeded("Cannot call env.step() before env.reset() (or after the episode ended).")
+        result = self._step(action)
+        if result.valid:
+            self._won = self._won or result.won
+            self._score = float(result.score)
+        terminated = bool(result.valid and (result.terminated or result.won))
+        if terminated:
+            self._needs_reset = True
+        reward = self._reward(result, terminated)
+        observation, info = self._emit(result.observation, valid=result.valid, extra=result.info)
+        return observation, reward, terminated, False, info
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self._last_observation
+        return None
+
+    # ----------------------------------------------------------------- helpers
+    def _reward(self, result: Transition, terminated: bool) -> float:
+        if not terminated:
+            return 0.0
+        if self.reward_mode == "score":
+            return float(result.score)
+        return self.success_reward if result.won else self.failure_reward
+
+    def _emit(self, observation: str, valid: bool, extra: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        observation = sanitize_text(observation)
+        self._last_observation = observation
+        info: dict[str, Any] = {
+            "task": self.task,
+            "admissible_actions": self.admissible_actions(),
+            "action_valid": valid,
+            "won": self._won,
+            "score": self._score,
+            "env_id": self.env_id,
+            "instructions": self.instructions,
+        }
+        info.update(extra)
+        return observation, info
+
+    @staticmethod
+    def invalid(message: str, allowed: list[str] | str | None = None) -> Transition:
+        """An invalid-action transition whose observation says what was wrong and what is allowed."""
+        text = f"Invalid action: {message}"
+        if isinstance(allowed, list):
+            text += "\nValid actions: " + ", ".join(allowed)
+        elif allowed:
+            text += "\n" + allowed
+        return Transition(observation=text, valid=False)
+
+    @staticmethod
+    def normalize_action(action: str, max_chars: int = 200) -> str:
+        """Lower-case, strip and collapse whitespace; long strings are cut (they are invalid anyway)."""
+        return " ".join(action[:max_chars].split()).lower()
+

@@ -1,0 +1,112 @@
+"""Benchmark data resolution and fetching (DESIGN.md, "Benchmark data").
+
+One resolver for every dataset: an explicit argument, else ``$CRL_DATA_DIR/NAME``, else
+``../shared/data/NAME`` beside a checkout, else the user cache ``~/.cache/crl/NAME`` (filled by
+``crl data fetch NAME`` from the upstream sources, with checksums). A missing dataset raises
+``DataNotFoundError`` naming that command.
+
+Each dataset's upstream sources live in ``SOURCES``: a file name, its URL and its sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DataNotFoundError", "Source", "SOURCES", "resolve_data", "fetch", "cache_dir"]
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A benchmark dataset is not on this machine; the message says how to get it."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One upstream file of a dataset."""
+
+    filename: str
+    url: str
+    sha256: str | None = None
+
+
+# Upstream download locations, one entry per dataset (kept here so `crl data fetch` needs no
+# heavy imports).
+SOURCES: dict[str, list[Source]] = {
+}
+
+
+def cache_dir() -> Path:
+    """The user cache where ``crl data fetch`` puts data and envs keep derived files."""
+    return Path(os.environ.get("CRL_CACHE_DIR", Path.home() / ".cache" / "crl"))
+
+
+def _checkout_shared_data() -> Path:
+    # ../shared/data beside a checkout: <checkout>/crl_envs/data.py -> <checkout>/../shared/data
+    return Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def candidate_dirs(name: str, path: str | os.PathLike | None = None) -> list[Path]:
+    """The places searched for dataset ``name``, in order."""
+    if path is not None:
+        return [Path(path).expanduser()]
+    dirs = []
+    if os.environ.get("CRL_DATA_DIR"):
+        dirs.append(Path(os.environ["CRL_DATA_DIR"]).expanduser() / name)
+    dirs.append(_checkout_shared_data() / name)
+    dirs.append(cache_dir() / "data" / name)
+    return dirs
+
+
+def resolve_data(name: str, path: str | os.PathLike | None = None,
+                 required: tuple[str, ...] = ()) -> Path:
+    """Return the directory holding dataset ``name`` (with every file in ``required``).
+
+    Raises ``DataNotFoundError`` with the places searched and the command that fetches it.
+    """
+    searched = candidate_dirs(name, path)
+    for directory in searched:
+        if directory.is_dir() and all((directory / f).exists() for f in required):
+            return directory
+    where = ", ".join(str(d) for d in searched)
+    need = f" with {', '.join(required)}" if required else ""
+    raise DataNotFoundError(
+        f"Dataset '{name}'{need} not found (searched: {where}). "
+        f"Run `crl data fetch {name}`, or set $CRL_DATA_DIR to a folder holding '{name}/', "
+        f"or pass the directory explicitly."
+    )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(name: str, dest: str | os.PathLike | None = None, force: bool = False) -> Path:
+    """Download dataset ``name`` from its upstream sources into the cache, checking sha256."""
+    if name not in SOURCES:
+        raise KeyError(f"Unknown dataset '{name}'; known: {', '.join(sorted(SOURCES)) or 'none'}.")
+    target = Path(dest) if dest else cache_dir() / "data" / name
+    target.mkdir(parents=True, exist_ok=True)
+    for source in SOURCES[name]:
+        out = target / source.filename
+        if out.exists() and not force and (source.sha256 is None or _sha256(out) == source.sha256):
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, delete=False) as tmp:
+            with urllib.request.urlopen(source.url, timeout=60) as response:
+                shutil.copyfileobj(response, tmp)
+        got = _sha256(Path(tmp.name))
+        if source.sha256 and got != source.sha256:
+            os.unlink(tmp.name)
+            raise OSError(f"Checksum mismatch for {source.url}: expected {source.sha256}, got {got}.")
+        os.replace(tmp.name, out)  # atomic: a crash never leaves a half file under the real name
+    return target
+

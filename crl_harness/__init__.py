@@ -1,0 +1,1 @@
+"""The Complementary RL training harness: rollouts, model backends, experience, trainer, eval, CLI."""
