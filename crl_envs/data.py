@@ -18,10 +18,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from crl_envs.errors import UserFacingError
+
 __all__ = ["DataNotFoundError", "Source", "SOURCES", "resolve_data", "fetch", "cache_dir"]
 
 
-class DataNotFoundError(FileNotFoundError):
+class DataNotFoundError(UserFacingError, FileNotFoundError):
     """A benchmark dataset is not on this machine; the message says how to get it."""
 
 
@@ -101,12 +103,22 @@ def fetch(name: str, dest: str | os.PathLike | None = None, force: bool = False)
             continue
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out.parent, delete=False) as tmp:
-            with urllib.request.urlopen(source.url, timeout=60) as response:
-                shutil.copyfileobj(response, tmp)
+            try:
+                with urllib.request.urlopen(source.url, timeout=60) as response:
+                    shutil.copyfileobj(response, tmp)
+            except OSError as err:  # URLError, timeouts, resets
+                os.unlink(tmp.name)
+                raise UserFacingError(
+                    f"Could not download {source.url} ({err}). Check the network, or download it by "
+                    f"hand to {out}, or point $CRL_DATA_DIR at a folder holding '{name}/'."
+                ) from err
         got = _sha256(Path(tmp.name))
         if source.sha256 and got != source.sha256:
             os.unlink(tmp.name)
-            raise OSError(f"Checksum mismatch for {source.url}: expected {source.sha256}, got {got}.")
+            raise UserFacingError(
+                f"Checksum mismatch for {source.url}: expected {source.sha256}, got {got}. "
+                "The upstream file changed or the download was corrupted; try again with --force."
+            )
         os.replace(tmp.name, out)  # atomic: a crash never leaves a half file under the real name
     return target
 

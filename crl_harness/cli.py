@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from crl_envs.errors import UserFacingError
+
 __all__ = ["main", "COMMANDS"]
 
 # name -> (module, one-line help)
@@ -36,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args._module.run(args) or 0)
+    except UserFacingError as err:
+        print(f"crl {args.command}: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("\nInterrupted.", file=sys.stderr)
         return 130
