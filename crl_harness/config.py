@@ -1,0 +1,317 @@
+"""Training configuration: one dataclass per concern, loaded from YAML with ``key=value`` overrides.
+
+Holds ``TrainConfig`` (the whole run) and its parts ``RunConfig``, ``TaskConfig`` (+ ``EnvEntry``),
+``ActorConfig``, ``ExtractorConfig``, ``ExperienceConfig``, ``LoRAConfig``; ``load_config`` and
+``ConfigError``. The defaults are the paper's released settings (PAPER.md); a YAML file under
+``assets/configs/`` changes only what differs. The three arms are one switch, ``arm``:
+
+- ``co-evolve``: Complementary RL, the extractor is trained by CISPO;
+- ``static``: the extractor is frozen, but the bank is still written and used;
+- ``none``: plain GRPO, no experience at all (every rollout of a group is free).
+
+Types and keys are checked by OmegaConf (structured configs); an error names the bad key.
+
+>>> cfg = load_config(None, ["arm=none", "run.steps=3"])
+>>> cfg.arm, cfg.run.steps, cfg.tasks.group_size
+('none', 3, 8)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+__all__ = [
+    "ConfigError",
+    "EnvEntry",
+    "TaskConfig",
+    "LoRAConfig",
+    "ActorConfig",
+    "ExtractorConfig",
+    "ExperienceConfig",
+    "RunConfig",
+    "TrainConfig",
+    "load_config",
+    "config_to_dict",
+    "CONFIG_DIR",
+]
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "assets" / "configs"
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names the key and what to do."""
+
+
+@dataclass
+class EnvEntry:
+    """One env of the task mixture."""
+
+    id: str = "CRL/MiniHackRoom-v0"
+    """a registered CRL env id"""
+    weight: float = 1.0
+    """relative probability that a group of a step is drawn from this env"""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments for ``gymnasium.make`` (variants are kwargs)"""
+    options: dict[str, Any] = field(default_factory=dict)
+    """reset options of every episode (e.g. a split)"""
+
+
+@dataclass
+class TaskConfig:
+    """What a step rolls out: groups of G rollouts per task seed, drawn from a mixture."""
+
+    envs: list[EnvEntry] = field(default_factory=lambda: [EnvEntry()])
+    """the mixture"""
+    groups_per_step: int = 16
+    """task seeds per step (released: 16 groups x 8 = 128 rollouts)"""
+    group_size: int = 8
+    """G, rollouts per seed"""
+    guided_per_group: int = 4
+    """rollouts of a group that get retrieved experience (released: 4 of 8); 0 with arm=none"""
+    seed_offset: int = 0
+    """training seeds are drawn from [seed_offset, seed_offset + seed_count)"""
+    seed_count: int = 1_000_000
+    """size of the training seed range"""
+
+
+@dataclass
+class LoRAConfig:
+    """Train low-rank adapters (peft) instead of all weights."""
+
+    enabled: bool = False
+    r: int = 16
+    """adapter rank"""
+    alpha: int = 32
+    """scaling numerator (scale = alpha / r)"""
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    """module names that get adapters"""
+
+
+@dataclass
+class ActorConfig:
+    """The policy actor, trained by GRPO with guided and free subgroups."""
+
+    model: str = "hf:smollm2-135m"
+    """model backend spec (``hf:NAME_OR_PATH``, ``vllm:PATH``)"""
+    lr: float = 1e-6
+    clip_eps: float = 0.2
+    """PPO clip range"""
+    normalize_std: bool = False
+    """divide subgroup advantages by the subgroup std (released: no)"""
+    warmup_steps: int = 5
+    """steps during which the actor is frozen while the bank fills"""
+    max_grad_norm: float = 1.0
+    temperature: float = 0.99
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    """per turn"""
+    micro_batch_size: int = 8
+    """turns per forward/backward pass (gradients are accumulated)"""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+
+@dataclass
+class ExtractorConfig:
+    """The experience extractor, trained by CISPO on rewards credited by use."""
+
+    model: str = "same"
+    """``same``: a second copy of the actor's base model; else a backend spec"""
+    lr: float = 1e-6
+    eps_low: float = 0.1
+    """CISPO weight clip below 1"""
+    eps_high: float = 0.1
+    """CISPO weight clip above 1"""
+    train_after: int = 64
+    """generations with rewards buffered before an update"""
+    repeat_by_uses: bool = True
+    """weight a generation by how many rollouts used what it wrote (in the loss and the
+    baseline), as if repeated once per use; false: every generation counts once"""
+    max_grad_norm: float = 1.0
+    temperature: float = 0.99
+    top_p: float = 1.0
+    max_new_tokens: int = 384
+    micro_batch_size: int = 4
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+
+@dataclass
+class ExperienceConfig:
+    """The experience bank, its retrieval and its Experience Manager."""
+
+    k: int = 1
+    """entries retrieved per guided episode (released: top-1)"""
+    placement: Literal["instructions", "observation"] = "instructions"
+    """where retrieved experience goes (released: the system prompt)"""
+    capacity: int = 20_000
+    """bank entries, first-in-first-out eviction"""
+    merge_every: int = 5
+    """actor steps between merge passes"""
+    max_concurrent_extractions: int = 4
+    """extractor calls the manager runs at once"""
+    actor_critic_gate: bool = False
+    """the actor judges retrieved experience first (accept / refine / reject)"""
+    search_and_ask: bool = False
+    """the actor may query the bank during an episode"""
+
+
+@dataclass
+class RunConfig:
+    """How long, where, and on what."""
+
+    steps: int = 512
+    seed: int = 0
+    output_dir: str = "runs/${name}"
+    """metrics, plots and checkpoints go here"""
+    checkpoint_every: int = 10
+    """steps between atomic checkpoints (the last step is always saved)"""
+    keep_checkpoints: int = 2
+    """older checkpoints are deleted"""
+    backend: Literal["local", "ray"] = "local"
+    """``ray``: rollout workers and the Experience Manager run as Ray actors"""
+    rollout_workers: int = 1
+    """parallel rollout workers (env stepping; generation is batched per worker)"""
+    torch_threads: int = 0
+    """threads for torch in the trainer process (0: torch's default)"""
+    tensorboard: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """A whole training run; ``arm`` picks co-evolution, a static extractor or no experience."""
+
+    name: str = "run"
+    arm: Literal["co-evolve", "static", "none"] = "co-evolve"
+    run: RunConfig = field(default_factory=RunConfig)
+    tasks: TaskConfig = field(default_factory=TaskConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
+    experience: ExperienceConfig = field(default_factory=ExperienceConfig)
+
+    @property
+    def uses_experience(self) -> bool:
+        return self.arm != "none"
+
+    @property
+    def trains_extractor(self) -> bool:
+        return self.arm == "co-evolve"
+
+
+def _resolve_path(path: str | Path) -> Path:
+    """A path as given, else a name under ``assets/configs`` (``cpu-demo`` -> cpu-demo.yaml)."""
+    p = Path(path)
+    if p.exists():
+        return p
+    for candidate in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml"):
+        if candidate.exists():
+            return candidate
+    known = ", ".join(sorted(q.stem for q in CONFIG_DIR.glob("*.yaml")))
+    raise ConfigError(f"config '{path}' not found; give a YAML path or one of: {known}")
+
+
+def _omegaconf_message(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None) or "?"
+    message = str(err).split("\n")[0]
+    return f"bad config key '{key}': {message}"
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Load ``path`` (YAML, or a name under ``assets/configs``; ``None``: the defaults), apply
+    ``key=value`` overrides (dotted keys, YAML values), check types and values."""
+    layers = [OmegaConf.structured(TrainConfig)]
+    source = "defaults"
+    if path is not None:
+        resolved = _resolve_path(path)
+        source = str(resolved)
+        try:
+            loaded = OmegaConf.load(resolved)
+        except Exception as err:  # YAML syntax
+            raise ConfigError(f"{resolved}: not valid YAML: {err}") from err
+        if not OmegaConf.is_dict(loaded):
+            raise ConfigError(f"{resolved}: the top level must be a mapping of keys")
+        layers.append(loaded)
+    try:
+        merged = OmegaConf.merge(*layers)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{source}: {_omegaconf_message(err)}") from err
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override '{item}' must look like key=value (e.g. run.steps=10)")
+        try:
+            # update (not a dotlist merge) so that list items can be set: tasks.envs.0.weight=2
+            OmegaConf.update(merged, key, yaml.safe_load(text), merge=True)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"override '{item}': {_omegaconf_message(err)}") from err
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override '{item}': the value is not valid YAML: {err}") from err
+    try:
+        cfg: TrainConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{source}: {_omegaconf_message(err)}") from err
+    _validate(cfg, source)
+    return cfg
+
+
+def _validate(cfg: TrainConfig, source: str) -> None:
+    import crl_envs
+
+    def fail(key: str, why: str) -> None:
+        raise ConfigError(f"{source}: bad config key '{key}': {why}")
+
+    t = cfg.tasks
+    if not t.envs:
+        fail("tasks.envs", "the mixture is empty; list at least one env")
+    for i, env in enumerate(t.envs):
+        if env.id not in crl_envs.ENV_IDS:
+            fail(f"tasks.envs.{i}.id", f"unknown env '{env.id}'; known: {', '.join(crl_envs.ENV_IDS)}")
+        if env.weight <= 0:
+            fail(f"tasks.envs.{i}.weight", f"must be > 0, got {env.weight}")
+    if t.groups_per_step < 1:
+        fail("tasks.groups_per_step", "must be >= 1")
+    if t.group_size < 2:
+        fail("tasks.group_size", "must be >= 2 (advantages compare rollouts of a group)")
+    if cfg.arm != "none" and not 0 < t.guided_per_group < t.group_size:
+        fail("tasks.guided_per_group", f"must be in 1..{t.group_size - 1} with arm={cfg.arm}")
+    if t.seed_count < 1:
+        fail("tasks.seed_count", "must be >= 1")
+    for key, value in (("run.steps", cfg.run.steps), ("run.checkpoint_every", cfg.run.checkpoint_every),
+                       ("run.keep_checkpoints", cfg.run.keep_checkpoints),
+                       ("run.rollout_workers", cfg.run.rollout_workers),
+                       ("actor.micro_batch_size", cfg.actor.micro_batch_size),
+                       ("actor.max_new_tokens", cfg.actor.max_new_tokens),
+                       ("extractor.micro_batch_size", cfg.extractor.micro_batch_size),
+                       ("extractor.max_new_tokens", cfg.extractor.max_new_tokens),
+                       ("extractor.train_after", cfg.extractor.train_after),
+                       ("experience.k", cfg.experience.k),
+                       ("experience.capacity", cfg.experience.capacity),
+                       ("experience.merge_every", cfg.experience.merge_every),
+                       ("experience.max_concurrent_extractions",
+                        cfg.experience.max_concurrent_extractions)):
+        if value < 1:
+            fail(key, f"must be >= 1, got {value}")
+    for key, value in (("actor.lr", cfg.actor.lr), ("extractor.lr", cfg.extractor.lr),
+                       ("actor.clip_eps", cfg.actor.clip_eps),
+                       ("extractor.eps_low", cfg.extractor.eps_low),
+                       ("extractor.eps_high", cfg.extractor.eps_high),
+                       ("actor.temperature", cfg.actor.temperature),
+                       ("extractor.temperature", cfg.extractor.temperature)):
+        if value < 0:
+            fail(key, f"must be >= 0, got {value}")
+    if cfg.actor.warmup_steps < 0:
+        fail("actor.warmup_steps", "must be >= 0")
+    if cfg.run.torch_threads < 0:
+        fail("run.torch_threads", "must be >= 0 (0: torch's default)")
+
+
+def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """Plain nested dict of a config (for metrics headers and checkpoints)."""
+    return asdict(cfg)

@@ -1,0 +1,8 @@
+"""The parts of the training loop that are not the loop itself.
+
+- ``sampler``: ``TaskSampler``, which env and seed each group of a step gets (mixture weights).
+- ``learner``: ``PolicyLearner``, differentiable log-probs of generated tokens and one optimiser
+  update of a causal LM from a loss function (the actor's GRPO, the extractor's CISPO).
+- ``checkpoint``: atomic checkpoints (models, optimisers, bank, RNG states, step) and resume.
+- ``metrics``: per-step metrics to JSONL and TensorBoard, and the learning-curve plot.
+"""
