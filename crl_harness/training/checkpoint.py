@@ -1,0 +1,108 @@
+"""Atomic checkpoints of a training run, and the RNG states they carry.
+
+Holds ``Checkpointer`` (``save`` writes into a temporary directory that is renamed into place
+only when complete, so a run killed at any moment leaves either the old checkpoint or the new
+one, never half of one), ``rng_state`` / ``set_rng_state``.
+
+Layout: ``RUN_DIR/checkpoints/step-000010/`` holds whatever the trainer writes there (models,
+optimiser states, the bank export, the extractor's reward buffer, ``rng.pt``, ``state.json``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Checkpointer", "rng_state", "set_rng_state"]
+
+_NAME = re.compile(r"^step-(\d{6,})$")
+
+
+def rng_state() -> dict[str, Any]:
+    """The states of Python's, NumPy's and torch's global generators."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+
+
+class Checkpointer:
+    """Saves numbered checkpoints under ``run_dir/checkpoints`` and keeps the newest ``keep``.
+
+    >>> import tempfile
+    >>> ckpt = Checkpointer(tempfile.mkdtemp(), keep=1)
+    >>> _ = ckpt.save(3, lambda d: (d / "state.json").write_text("{}"))
+    >>> _ = ckpt.save(6, lambda d: (d / "state.json").write_text("{}"))
+    >>> ckpt.latest().name, [p.name for p in ckpt.all()]
+    ('step-000006', ['step-000006'])
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, keep: int = 2) -> None:
+        self.root = Path(run_dir) / "checkpoints"
+        self.keep = keep
+
+    def all(self) -> list[Path]:
+        """Finished checkpoints, oldest first (temporary directories are not checkpoints)."""
+        if not self.root.is_dir():
+            return []
+        found = [p for p in self.root.iterdir() if p.is_dir() and _NAME.match(p.name)]
+        return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+    def latest(self) -> Path | None:
+        found = self.all()
+        return found[-1] if found else None
+
+    def save(self, step: int, write: Callable[[Path], None]) -> Path:
+        """Call ``write(tmp_dir)``, make it durable, rename it to ``step-NNNNNN``, prune."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(".tmp-*"):  # left by a run killed while saving
+            shutil.rmtree(stale, ignore_errors=True)
+        final = self.root / f"step-{step:06d}"
+        tmp = self.root / f".tmp-{final.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            write(tmp)
+            _fsync_tree(tmp)
+            if final.exists():  # re-saving a step (a resumed run): replace it whole
+                old = self.root / f".tmp-old-{final.name}-{os.getpid()}"
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        dir_fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        for old in self.all()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
