@@ -95,14 +95,18 @@ def _interior(height: int, width: int) -> int:
 
 # ----------------------------------------------------------------------------- generator
 def test_thousand_seeds_generate_solvable_levels_of_verified_optimal_length():
+    lengths = []
     for seed in range(1000):
         level = generate_level(np.random.default_rng(seed))
+        lengths.append(level.solution_length)
         assert 4 <= level.solution_length <= 20
         assert level.boxes_on_targets == 0 and level.num_boxes == 2
         assert not level.boxes >> level.player & 1
         assert independent_optimal_length(level, level.solution_length) == level.solution_length, (
             f"seed {seed}:\n{level.to_text()}"
         )
+    # The start is the farthest state of its room within the bounds, so levels are not trivial.
+    assert np.mean(lengths) > 10 and lengths.count(20) > 50
 
 
 def test_same_seed_same_level_and_seeds_differ():

@@ -118,7 +118,6 @@ class SokobanEnv(TextEnv):
             won=level.is_solved,
             terminated=level.is_solved,
             score=level.boxes_on_targets / level.num_boxes,
-            info={"boxes_on_targets": level.boxes_on_targets},
         )
 
     def _observation(self, event: str) -> str:

@@ -7,8 +7,10 @@ Holds:
 
 The search is breadth-first over compact states ``(boxes bitmask << shift) | player cell``:
 every move costs one step, so the first solved state found is a shortest solution in moves
-(what the 30-step limit counts), not merely in pushes. On a 6x6 room with two boxes there are at
-most a few thousand states.
+(what the 30-step limit counts). A search over pushes with the player normalised to its
+reachable region would visit fewer states but yield the fewest pushes, not the fewest moves; on
+a 6x6 room with two boxes there are at most a few thousand move states, so the exact move count
+costs well under a millisecond.
 """
 
 from __future__ import annotations
