@@ -1,0 +1,42 @@
+"""Experience for Complementary RL: the bank, retrieval, the extractor's operations and the
+asynchronous Experience Manager (PAPER.md, "Experience bank" and "Asynchronous infrastructure").
+
+- ``bank``: ``ExperienceBank`` (SQLite WAL, crash-safe, FIFO capacity, JSONL export/import).
+- ``retrieval``: BM25 (bm25s) and dense indexes, the diversity re-rank, ``RetrievalConfig``.
+- ``operations``: the operation types and the strict parser of extractor answers.
+- ``prompts``: the extractor's prompt templates (``assets/prompts/experience_*.txt``).
+- ``credit``: ``CreditLedger`` and ``GenerationReward`` (the extractor's reward by use).
+- ``manager``: ``ExperienceManager``, ``ManagerConfig``, ``DistillationRequest``.
+"""
+
+from crl_harness.experience.bank import (
+    AddEntry,
+    ApplyResult,
+    DeleteEntries,
+    ExperienceBank,
+    ExperienceEntry,
+    VoteEntry,
+)
+from crl_harness.experience.credit import CreditLedger, GenerationReward, episode_credit
+from crl_harness.experience.manager import (
+    DistillationRequest,
+    ExperienceManager,
+    ManagerConfig,
+    ReadWriteLock,
+)
+from crl_harness.experience.operations import (
+    ParseLimits,
+    ParseResult,
+    parse_distillation,
+    parse_merge,
+)
+from crl_harness.experience.prompts import load_prompt
+from crl_harness.experience.retrieval import RetrievalConfig, diversity_rerank, tokenize
+
+__all__ = [
+    "AddEntry", "ApplyResult", "DeleteEntries", "ExperienceBank", "ExperienceEntry", "VoteEntry",
+    "CreditLedger", "GenerationReward", "episode_credit",
+    "DistillationRequest", "ExperienceManager", "ManagerConfig", "ReadWriteLock",
+    "ParseLimits", "ParseResult", "parse_distillation", "parse_merge",
+    "load_prompt", "RetrievalConfig", "diversity_rerank", "tokenize",
+]

@@ -1,0 +1,431 @@
+"""The experience bank: a persistent, crash-safe store of distilled experience entries.
+
+Holds:
+- ``ExperienceEntry``: one entry (title + content) of one env partition, with its bookkeeping.
+- ``AddEntry``, ``DeleteEntries``, ``VoteEntry``: the primitive changes; ``ExperienceBank.apply``
+  runs a list of them as ONE transaction (the paper's refine is a delete plus an add).
+- ``ApplyResult``: what a transaction added, deleted and evicted.
+- ``ExperienceBank``: SQLite in WAL mode (an acknowledged write survives ``kill -9``), with an
+  in-memory mirror for fast reads, first-in-first-out eviction at ``capacity`` and JSONL
+  export/import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+__all__ = [
+    "ExperienceEntry",
+    "AddEntry",
+    "DeleteEntries",
+    "VoteEntry",
+    "BankChange",
+    "ApplyResult",
+    "ExperienceBank",
+]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    env_id TEXT NOT NULL,
+    title TEXT NOT NULL,
+    content TEXT NOT NULL,
+    generation_id TEXT,
+    created_step INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    retrieval_count INTEGER NOT NULL DEFAULT 0,
+    last_retrieved_at REAL,
+    votes INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS entries_env ON entries (env_id, seq);
+"""
+_COLUMNS = (
+    "id", "env_id", "title", "content", "generation_id", "created_step", "created_at",
+    "retrieval_count", "last_retrieved_at", "votes",
+)
+
+
+@dataclass(frozen=True)
+class ExperienceEntry:
+    """One piece of distilled experience, in the partition of one env.
+
+    ``generation_id`` is the extractor output that wrote it (credit goes there when it is used).
+
+    Example:
+        >>> entry = ExperienceEntry("e1", "CRL/Sokoban-v0", "Corners", "Never push a box into a corner.")
+        >>> entry.text
+        'Corners: Never push a box into a corner.'
+    """
+
+    id: str
+    env_id: str
+    title: str
+    content: str
+    generation_id: str | None = None
+    created_step: int = 0
+    created_at: float = 0.0
+    retrieval_count: int = 0
+    last_retrieved_at: float | None = None
+    votes: int = 0
+
+    @property
+    def text(self) -> str:
+        """The entry as the actor reads it."""
+        return f"{self.title}: {self.content}"
+
+
+@dataclass(frozen=True)
+class AddEntry:
+    """Add a new entry to ``env_id``'s partition."""
+
+    env_id: str
+    title: str
+    content: str
+    generation_id: str | None = None
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class DeleteEntries:
+    """Delete entries by id (ids already gone are skipped)."""
+
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class VoteEntry:
+    """Add ``delta`` to an entry's votes; an entry whose votes go negative is deleted."""
+
+    id: str
+    delta: int
+
+
+BankChange = AddEntry | DeleteEntries | VoteEntry
+
+
+@dataclass
+class ApplyResult:
+    """What one ``apply`` transaction did."""
+
+    added: list[ExperienceEntry] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    envs: set[str] = field(default_factory=set)  # partitions whose content changed
+
+
+class ExperienceBank:
+    """Experience entries partitioned by env, persisted in SQLite (WAL) and mirrored in memory.
+
+    Every write is one transaction; it returns only after SQLite committed it, so an
+    acknowledged write survives a killed process (``synchronous="FULL"`` also survives power
+    loss, at one fsync per commit). Reads come from the in-memory mirror. Retrieval counts are
+    kept in memory and written by ``sync_retrieval_stats`` (the manager calls it on flush and
+    close): losing a few counts in a crash costs nothing that was acknowledged.
+
+    Writes are serialised by an internal lock; ``ExperienceManager`` adds a read-write lock so
+    that a retrieval never sees half of a multi-change transaction.
+
+    Example:
+        >>> bank = ExperienceBank(":memory:", capacity=2)
+        >>> a = bank.add("CRL/Sokoban-v0", "Corners", "Never push a box into a corner.")
+        >>> b = bank.add("CRL/Sokoban-v0", "Walls", "A box on a wall stays on it.")
+        >>> c = bank.add("CRL/Sokoban-v0", "Plan", "Count moves before pushing.")
+        >>> len(bank), bank.get(a.id) is None, bank.evictions
+        (2, True, 1)
+        >>> bank.close()
+    """
+
+    SYNCHRONOUS = ("NORMAL", "FULL")
+
+    def __init__(self, path: str | os.PathLike, capacity: int = 20_000,
+                 synchronous: str = "NORMAL") -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}.")
+        if synchronous not in self.SYNCHRONOUS:
+            raise ValueError(f"synchronous={synchronous!r} is not one of {self.SYNCHRONOUS}.")
+        self.path = str(path)
+        self.capacity = capacity
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        # isolation_level=None: autocommit; every write opens its own BEGIN IMMEDIATE.
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._db.executescript(_SCHEMA)
+        self._entries: dict[str, ExperienceEntry] = {}  # insertion (= seq) order: FIFO
+        self._partitions: dict[str, dict[str, None]] = {}
+        self._stats_dirty: set[str] = set()
+        self.evictions = 0
+        rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM entries ORDER BY seq")
+        for row in rows:
+            self._mirror_add(ExperienceEntry(*row))
+        self._evict_over_capacity_now()
+
+    # ----------------------------------------------------------------- reads
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._entries
+
+    def get(self, entry_id: str) -> ExperienceEntry | None:
+        """The live entry with this id, or ``None``."""
+        return self._entries.get(entry_id)
+
+    def entries(self, env_id: str | None = None) -> list[ExperienceEntry]:
+        """Live entries, oldest first (of one partition when ``env_id`` is given)."""
+        with self._lock:
+            if env_id is None:
+                return list(self._entries.values())
+            return [self._entries[i] for i in self._partitions.get(env_id, ())]
+
+    def env_ids(self) -> list[str]:
+        """The partitions that hold at least one entry."""
+        with self._lock:
+            return [env for env, ids in self._partitions.items() if ids]
+
+    def count(self, env_id: str) -> int:
+        return len(self._partitions.get(env_id, ()))
+
+    # ----------------------------------------------------------------- writes
+    def add(self, env_id: str, title: str, content: str, *, generation_id: str | None = None,
+            step: int = 0) -> ExperienceEntry:
+        """Add one entry; returns it (with its new id)."""
+        return self.apply([AddEntry(env_id, title, content, generation_id, step)]).added[0]
+
+    def update(self, ids: Sequence[str], env_id: str, title: str, content: str, *,
+               generation_id: str | None = None, step: int = 0) -> ExperienceEntry:
+        """The paper's refine: delete the referenced entries and add the merged one."""
+        changes: list[BankChange] = [DeleteEntries(tuple(ids)),
+                                     AddEntry(env_id, title, content, generation_id, step)]
+        return self.apply(changes).added[0]
+
+    def delete(self, ids: Iterable[str]) -> int:
+        """Delete entries; returns how many existed."""
+        return len(self.apply([DeleteEntries(tuple(ids))]).deleted)
+
+    def vote(self, entry_id: str, delta: int) -> bool:
+        """Up (+1) or down (-1) vote; returns True when the entry was deleted by it."""
+        return entry_id in self.apply([VoteEntry(entry_id, delta)]).deleted
+
+    def apply(self, changes: Sequence[BankChange]) -> ApplyResult:
+        """Run ``changes`` in one transaction; the mirror changes only after the commit."""
+        result = ApplyResult()
+        now = time.time()
+        with self._lock:
+            gone: set[str] = set()
+            added: list[ExperienceEntry] = []
+            votes: dict[str, int] = {}
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                for change in changes:
+                    if isinstance(change, AddEntry):
+                        entry = ExperienceEntry(
+                            id=uuid.uuid4().hex[:16], env_id=change.env_id, title=change.title,
+                            content=change.content, generation_id=change.generation_id,
+                            created_step=int(change.step), created_at=now)
+                        cur.execute(f"INSERT INTO entries ({', '.join(_COLUMNS)}) VALUES "
+                                    f"({', '.join('?' * len(_COLUMNS))})", _row(entry))
+                        added.append(entry)
+                    elif isinstance(change, DeleteEntries):
+                        for entry_id in change.ids:
+                            if self._live(entry_id, gone, added):
+                                cur.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
+                                gone.add(entry_id)
+                                result.deleted.append(entry_id)
+                            else:
+                                result.missing.append(entry_id)
+                    elif isinstance(change, VoteEntry):
+                        if not self._live(change.id, gone, added):
+                            result.missing.append(change.id)
+                            continue
+                        current = votes.get(change.id, self._votes_of(change.id))
+                        votes[change.id] = current + int(change.delta)
+                        if votes[change.id] < 0:
+                            cur.execute("DELETE FROM entries WHERE id = ?", (change.id,))
+                            gone.add(change.id)
+                            result.deleted.append(change.id)
+                        else:
+                            cur.execute("UPDATE entries SET votes = ? WHERE id = ?",
+                                        (votes[change.id], change.id))
+                    else:
+                        raise TypeError(f"Not a bank change: {change!r}")
+                live_after = len(self._entries) + len(added) - len(gone)
+                overflow = max(0, live_after - self.capacity)
+                if overflow:
+                    result.evicted = self._oldest_live(overflow, gone, added)
+                    cur.executemany("DELETE FROM entries WHERE id = ?",
+                                    [(i,) for i in result.evicted])
+                    gone.update(result.evicted)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            # Committed: now the mirror follows.
+            for entry in added:
+                self._mirror_add(entry)
+            for entry_id, value in votes.items():
+                if entry_id in self._entries and entry_id not in gone:
+                    self._entries[entry_id] = replace(self._entries[entry_id], votes=value)
+            result.envs = {self._entries[i].env_id for i in gone if i in self._entries}
+            result.envs.update(entry.env_id for entry in added)
+            for entry_id in gone:
+                self._mirror_remove(entry_id)
+            result.added = [entry for entry in added if entry.id not in gone]
+            self.evictions += len(result.evicted)
+        return result
+
+    def record_retrievals(self, ids: Iterable[str], when: float | None = None) -> None:
+        """Count one retrieval of each entry (kept in memory until ``sync_retrieval_stats``)."""
+        when = time.time() if when is None else when
+        with self._lock:
+            for entry_id in ids:
+                entry = self._entries.get(entry_id)
+                if entry is not None:
+                    self._entries[entry_id] = replace(
+                        entry, retrieval_count=entry.retrieval_count + 1, last_retrieved_at=when)
+                    self._stats_dirty.add(entry_id)
+
+    def sync_retrieval_stats(self) -> int:
+        """Write the retrieval counts changed since the last sync; returns how many."""
+        with self._lock:
+            rows = [(self._entries[i].retrieval_count, self._entries[i].last_retrieved_at, i)
+                    for i in self._stats_dirty if i in self._entries]
+            self._stats_dirty.clear()
+            if rows:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.executemany(
+                    "UPDATE entries SET retrieval_count = ?, last_retrieved_at = ? WHERE id = ?",
+                    rows)
+                self._db.execute("COMMIT")
+        return len(rows)
+
+    # ----------------------------------------------------------------- JSONL
+    def export_jsonl(self, path: str | os.PathLike) -> int:
+        """Write every live entry as one JSON object a line; returns the count."""
+        entries = self.entries()
+        tmp = Path(f"{path}.tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            for entry in entries:
+                handle.write(json.dumps(asdict(entry), ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+        return len(entries)
+
+    def import_jsonl(self, path: str | os.PathLike) -> int:
+        """Add the entries of a JSONL export (ids already present are skipped); returns added.
+
+        Raises ``ValueError`` naming the line of a malformed record; nothing is added then.
+        """
+        known = {f.name for f in fields(ExperienceEntry)}
+        records: list[ExperienceEntry] = []
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    data = json.loads(line)
+                    if not isinstance(data, dict) or set(data) - known:
+                        raise ValueError(f"expected an object with keys from {sorted(known)}")
+                    entry = ExperienceEntry(**data)
+                    if not all(isinstance(getattr(entry, k), str)
+                               for k in ("id", "env_id", "title", "content")):
+                        raise ValueError("id, env_id, title and content must be strings")
+                except (ValueError, TypeError) as err:
+                    raise ValueError(f"{path}:{number}: not an experience entry ({err}).") from err
+                records.append(entry)
+        with self._lock:
+            fresh = [entry for entry in records if entry.id not in self._entries]
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    f"INSERT OR IGNORE INTO entries ({', '.join(_COLUMNS)}) VALUES "
+                    f"({', '.join('?' * len(_COLUMNS))})", [_row(e) for e in fresh])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            for entry in fresh:
+                self._mirror_add(entry)
+        if len(self._entries) > self.capacity:
+            with self._lock:
+                self._evict_over_capacity_now()
+        return len(fresh)
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Write pending retrieval counts and close the database."""
+        if self._db is None:
+            return
+        self.sync_retrieval_stats()
+        with self._lock:
+            self._db.close()
+            self._db = None  # type: ignore[assignment]
+
+    def __enter__(self) -> ExperienceBank:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- internals
+    def _live(self, entry_id: str, gone: set[str], added: list[ExperienceEntry]) -> bool:
+        if entry_id in gone:
+            return False
+        return entry_id in self._entries or any(e.id == entry_id for e in added)
+
+    def _votes_of(self, entry_id: str) -> int:
+        entry = self._entries.get(entry_id)
+        return entry.votes if entry is not None else 0
+
+    def _oldest_live(self, n: int, gone: set[str], added: list[ExperienceEntry]) -> list[str]:
+        oldest: list[str] = []
+        for entry_id in self._entries:
+            if len(oldest) == n:
+                return oldest
+            if entry_id not in gone:
+                oldest.append(entry_id)
+        for entry in added:  # a transaction that adds more than the capacity
+            if len(oldest) == n:
+                break
+            if entry.id not in gone:
+                oldest.append(entry.id)
+        return oldest
+
+    def _evict_over_capacity_now(self) -> None:
+        overflow = len(self._entries) - self.capacity
+        if overflow <= 0:
+            return
+        victims = list(self._entries)[:overflow]
+        self._db.execute("BEGIN IMMEDIATE")
+        self._db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in victims])
+        self._db.execute("COMMIT")
+        for entry_id in victims:
+            self._mirror_remove(entry_id)
+        self.evictions += len(victims)
+
+    def _mirror_add(self, entry: ExperienceEntry) -> None:
+        self._entries[entry.id] = entry
+        self._partitions.setdefault(entry.env_id, {})[entry.id] = None
+
+    def _mirror_remove(self, entry_id: str) -> None:
+        entry = self._entries.pop(entry_id, None)
+        if entry is not None:
+            self._partitions[entry.env_id].pop(entry_id, None)
+            self._stats_dirty.discard(entry_id)
+
+
+def _row(entry: ExperienceEntry) -> tuple:
+    """The entry's column values, in ``_COLUMNS`` order."""
+    return tuple(getattr(entry, name) for name in _COLUMNS)

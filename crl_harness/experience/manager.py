@@ -1,0 +1,605 @@
+"""The Experience Manager: the background track that owns the bank (PAPER.md, "Asynchronous
+infrastructure").
+
+Holds:
+- ``ReadWriteLock``: shared readers, exclusive writers, and a waiting writer blocks new readers
+  (so writers are not starved).
+- ``DistillationRequest``: one finished episode sent for distillation.
+- ``ManagerConfig``: every setting of the manager.
+- ``ExperienceManager``:
+  - retrieval (the retriever protocol of ``wrappers.experience``): queries go to a queue, a
+    batcher groups them (up to ``batch_size`` queries or ``batch_wait_s``; it does not wait when a
+    search worker is idle) and ``search_workers`` threads serve the batches under the read lock;
+  - distillation: ``submit`` queues a request; ``max_concurrent_extractions`` threads call the
+    extractor (any callable ``prompt -> str`` or an object with ``.text``), parse its answer
+    strictly and apply the operations under the write lock;
+  - merge passes (``merge_pass``) over chunks of ``merge_chunk`` entries, through the same queue;
+  - an indexer thread that rebuilds the index of each changed partition off-lock and swaps it
+    in (deleted entries are filtered at once; new ones are searchable after the rebuild);
+  - ``flush`` waits until every queued job is applied and indexed (call it before a rollout
+    phase); ``report_outcome`` and ``drain_generation_rewards`` carry the extractor's credit.
+
+Every public method takes and returns plain data, so the object can later run as a Ray actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from crl_harness.experience.bank import (
+    AddEntry,
+    ApplyResult,
+    BankChange,
+    DeleteEntries,
+    ExperienceBank,
+    ExperienceEntry,
+    VoteEntry,
+)
+from crl_harness.experience.credit import CreditLedger, GenerationReward
+from crl_harness.experience.operations import (
+    Add,
+    Discard,
+    Merge,
+    Operation,
+    ParseLimits,
+    Rewrite,
+    Update,
+    Vote,
+    parse_distillation,
+    parse_merge,
+)
+from crl_harness.experience.prompts import load_prompt
+from crl_harness.experience.retrieval import (
+    BM25Index,
+    DenseIndex,
+    Embedder,
+    RetrievalConfig,
+    diversity_rerank,
+)
+
+__all__ = ["ReadWriteLock", "DistillationRequest", "ManagerConfig", "ExperienceManager",
+           "Extractor"]
+
+log = logging.getLogger(__name__)
+
+Extractor = Callable[[str], Any]
+
+
+class ReadWriteLock:
+    """Many readers or one writer; a waiting writer keeps new readers out.
+
+    Example:
+        >>> lock = ReadWriteLock()
+        >>> with lock.read():
+        ...     with lock.read():  # readers share
+        ...         pass
+        >>> with lock.write():
+        ...     pass
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._waiting_writers = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._waiting_writers:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting_writers += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting_writers -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class DistillationRequest:
+    """A finished episode for the extractor: what happened and which entries it was given."""
+
+    env_id: str
+    task: str
+    transcript: str
+    won: bool
+    score: float
+    retrieved_ids: list[str] = field(default_factory=list)
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    """Settings of the Experience Manager (defaults: the released configuration)."""
+
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    max_concurrent_extractions: int = 4
+    """Extractor calls in flight at once."""
+    batch_size: int = 32
+    """Most retrieval queries served as one batch."""
+    batch_wait_s: float = 0.005
+    """Longest a query waits for its batch to fill (only while every search worker is busy)."""
+    search_workers: int = 4
+    """Threads that serve retrieval batches under the shared read lock."""
+    merge_chunk: int = 5
+    """Entries shown to the extractor per merge-pass call."""
+    max_transcript_chars: int = 12_000
+    """Longer transcripts keep their head and tail."""
+    parse_limits: ParseLimits = field(default_factory=ParseLimits)
+    format_failure_reward: float | None = -1.0
+    """Reward of a generation whose answer was malformed (None: such generations are dropped)."""
+    max_pending_generations: int = 10_000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrent_extractions", "batch_size", "search_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ManagerConfig.{name} must be at least 1.")
+        if self.merge_chunk < 2:
+            raise ValueError("ManagerConfig.merge_chunk must be at least 2.")
+
+
+@dataclass
+class _Query:
+    env_id: str
+    query: str
+    k: int
+    future: Future
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters omitted ...]\n{text[-half:]}"
+
+
+def _numbered(entries: Sequence[ExperienceEntry]) -> str:
+    if not entries:
+        return "(none)"
+    return "\n".join(f"[{i}] {e.title}: {e.content}" for i, e in enumerate(entries))
+
+
+class ExperienceManager:
+    """Owns an ``ExperienceBank``: batched retrieval, background distillation, credit.
+
+    Example:
+        >>> bank = ExperienceBank(":memory:")
+        >>> answer = '<answer>[{"op": "add", "title": "Boxes", "content": "Never push a box into a corner."}]</answer>'
+        >>> manager = ExperienceManager(bank, extractor=lambda prompt: answer)
+        >>> manager.submit(DistillationRequest("CRL/Sokoban-v0", "push the boxes", "...", False, 0.0))
+        >>> manager.flush()
+        True
+        >>> [e.text for e in manager.retrieve("CRL/Sokoban-v0", "push a box", k=1)]
+        ['Boxes: Never push a box into a corner.']
+        >>> manager.close(); bank.close()
+    """
+
+    def __init__(self, bank: ExperienceBank, extractor: Extractor | None = None,
+                 config: ManagerConfig = ManagerConfig()) -> None:
+        self.bank = bank
+        self.config = config
+        self._extractor = extractor
+        self._distill_template = load_prompt("experience_distill")
+        self._merge_template = load_prompt("experience_merge")
+        self._embedder = Embedder(config.retrieval.embed_model) \
+            if config.retrieval.backend == "dense" else None
+        self._rng = random.Random(config.seed)
+        self._rw = ReadWriteLock()
+        self.ledger = CreditLedger(config.max_pending_generations)
+        self._entry_generation: OrderedDict[str, str | None] = OrderedDict()
+        self._entry_generation_lock = threading.Lock()
+        self._counters: dict[str, int] = dict.fromkeys(
+            ("submitted", "distillations", "merges", "format_failures", "extractor_errors",
+             "job_errors", "ops_applied", "retrievals", "retrieval_batches", "outcomes_reported",
+             "index_rebuilds", "index_errors"), 0)
+        self._counters_lock = threading.Lock()
+        # Jobs, pending count and index state share one condition (flush waits on all three).
+        self._state = threading.Condition()
+        self._pending = 0
+        self._dirty: set[str] = set()
+        self._indexing = False
+        self._closed = False
+        self._indexes: dict[str, BM25Index | DenseIndex] = {}
+        self._vectors: dict[str, np.ndarray] = {}
+        self._jobs: queue.Queue = queue.Queue()
+        self._queries: queue.Queue = queue.Queue()
+        self._busy_searches = 0
+        self._busy_lock = threading.Lock()
+        self._search_pool = ThreadPoolExecutor(config.search_workers,
+                                               thread_name_prefix="experience-search")
+        self._threads = [threading.Thread(target=self._extract_loop, daemon=True,
+                                          name=f"experience-extract-{i}")
+                         for i in range(config.max_concurrent_extractions)]
+        self._threads.append(threading.Thread(target=self._batch_loop, daemon=True,
+                                              name="experience-batcher"))
+        self._threads.append(threading.Thread(target=self._index_loop, daemon=True,
+                                              name="experience-indexer"))
+        for env_id in bank.env_ids():
+            self._rebuild(env_id)
+        for thread in self._threads:
+            thread.start()
+
+    # ----------------------------------------------------------------- retriever protocol
+    def retrieve(self, env_id: str, query: str, k: int = 1) -> list[ExperienceEntry]:
+        """Top-``k`` entries of ``env_id``'s partition for ``query`` (batched, shared lock)."""
+        if not isinstance(env_id, str) or not isinstance(query, str):
+            raise TypeError("retrieve(env_id, query, k) takes two strings and an int.")
+        if k <= 0:
+            return []
+        if self._closed:
+            raise RuntimeError("ExperienceManager is closed; create a new one to retrieve.")
+        future: Future = Future()
+        self._queries.put(_Query(env_id, query, int(k), future))
+        return future.result()
+
+    def report_outcome(self, entry_ids: Sequence[str], score: float) -> None:
+        """An episode that retrieved ``entry_ids`` ended with ``score``: credit their writers."""
+        generations = []
+        with self._entry_generation_lock:
+            for entry_id in entry_ids:
+                if entry_id in self._entry_generation:
+                    generations.append(self._entry_generation[entry_id])
+                else:
+                    entry = self.bank.get(entry_id)
+                    generations.append(entry.generation_id if entry else None)
+        self.ledger.credit(generations, score)
+        self._count("outcomes_reported")
+
+    # ----------------------------------------------------------------- background track
+    def submit(self, request: DistillationRequest) -> None:
+        """Queue a finished episode for distillation (returns at once)."""
+        if not isinstance(request, DistillationRequest):
+            raise TypeError(f"submit takes a DistillationRequest, got {type(request).__name__}.")
+        self._enqueue(("distill", request))
+        self._count("submitted")
+
+    def merge_pass(self, env_id: str | None = None, max_chunks: int | None = None) -> int:
+        """Queue a merge pass over ``env_id``'s partition (every partition when None), in chunks
+        of ``merge_chunk`` entries, oldest first; returns the number of chunks queued."""
+        queued = 0
+        for env in ([env_id] if env_id is not None else self.bank.env_ids()):
+            ids = [entry.id for entry in self.bank.entries(env)]
+            size = self.config.merge_chunk
+            for start in range(0, len(ids), size):
+                chunk = ids[start:start + size]
+                if len(chunk) < 2 or (max_chunks is not None and queued >= max_chunks):
+                    continue
+                self._enqueue(("merge", env, chunk))
+                queued += 1
+        return queued
+
+    def apply(self, changes: Sequence[BankChange]) -> ApplyResult:
+        """Apply bank changes under the exclusive write lock and schedule re-indexing."""
+        with self._rw.write():
+            result = self.bank.apply(changes)
+        if result.envs:
+            with self._state:
+                self._dirty |= result.envs
+                self._state.notify_all()
+        return result
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued job is applied and indexed; False if ``timeout`` ran out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._state:
+            while self._pending or self._dirty or self._indexing:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._state.wait(remaining)
+        self.bank.sync_retrieval_stats()
+        return True
+
+    def drain_generation_rewards(self, min_uses: int = 1) -> list[GenerationReward]:
+        """Extractor generations whose entries were used (and malformed ones), with rewards."""
+        return self.ledger.drain(min_uses)
+
+    def set_extractor(self, extractor: Extractor) -> None:
+        """Use a new extractor (e.g. after its weights were updated) for the next jobs."""
+        self._extractor = extractor
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the manager and the bank."""
+        with self._counters_lock:
+            out: dict[str, Any] = dict(self._counters)
+        with self._state:
+            out["pending"] = self._pending
+            out["index_dirty"] = len(self._dirty) + int(self._indexing)
+        out["bank_size"] = len(self.bank)
+        out["partitions"] = {env: self.bank.count(env) for env in self.bank.env_ids()}
+        out["evictions"] = self.bank.evictions
+        out["generations_awaiting_credit"] = len(self.ledger)
+        out["mean_batch_size"] = out["retrievals"] / max(1, out["retrieval_batches"])
+        return out
+
+    def close(self, flush: bool = True, timeout: float | None = None) -> None:
+        """Finish (or, with ``flush=False``, drop) queued jobs, stop every thread, sync counts.
+
+        The bank stays open: it belongs to the caller.
+        """
+        if self._closed:
+            return
+        if flush:
+            self.flush(timeout)
+        with self._state:
+            self._closed = True
+            self._state.notify_all()
+        if not flush:
+            self._drop_queued_jobs()
+        for _ in range(self.config.max_concurrent_extractions):
+            self._jobs.put(None)
+        self._queries.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._search_pool.shutdown(wait=True)
+        self.bank.sync_retrieval_stats()
+
+    def __enter__(self) -> ExperienceManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- jobs
+    def _enqueue(self, job: tuple) -> None:
+        with self._state:
+            if self._closed:
+                raise RuntimeError("ExperienceManager is closed; no new jobs are accepted.")
+            self._pending += 1
+        self._jobs.put(job)
+
+    def _drop_queued_jobs(self) -> None:
+        while True:
+            try:
+                self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            self._job_done()
+
+    def _job_done(self) -> None:
+        with self._state:
+            self._pending -= 1
+            self._state.notify_all()
+
+    def _extract_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                if job[0] == "distill":
+                    self._distill(job[1])
+                else:
+                    self._merge(job[1], job[2])
+            except Exception:  # a bug in one job must not stop the background track
+                log.exception("experience job %s failed", job[0])
+                self._count("job_errors")
+            finally:
+                self._job_done()
+
+    def _call_extractor(self, prompt: str) -> tuple[Any, Any] | None:
+        extractor = self._extractor
+        if extractor is None:
+            raise RuntimeError("ExperienceManager has no extractor; call set_extractor first.")
+        try:
+            output = extractor(prompt)
+        except Exception:
+            log.exception("the extractor raised; the job applies nothing")
+            self._count("extractor_errors")
+            return None
+        return output, (output if isinstance(output, str) else getattr(output, "text", output))
+
+    def _distill(self, request: DistillationRequest) -> None:
+        shown = [e for e in (self.bank.get(i) for i in request.retrieved_ids) if e is not None]
+        prompt = self._distill_template.substitute(
+            env_id=request.env_id, task=request.task,
+            outcome="SUCCESS" if request.won else "FAILURE", score=f"{request.score:g}",
+            retrieved=_numbered(shown), max_ops=self.config.parse_limits.max_ops,
+            transcript=_clip(request.transcript, self.config.max_transcript_chars))
+        called = self._call_extractor(prompt)
+        if called is None:
+            return
+        output, text = called
+        self._count("distillations")
+        parsed = parse_distillation(text, len(shown), self.config.parse_limits)
+        changes = self._changes(parsed.ops if parsed.ok else (), shown, request.env_id,
+                                request.step, "distill", prompt, output, parsed.error)
+        if changes:
+            self.apply(changes)
+            self._count("ops_applied", len(parsed.ops))
+
+    def _merge(self, env_id: str, ids: list[str]) -> None:
+        shown = [e for e in (self.bank.get(i) for i in ids) if e is not None]
+        if len(shown) < 2:
+            return
+        prompt = self._merge_template.substitute(env_id=env_id, entries=_numbered(shown))
+        called = self._call_extractor(prompt)
+        if called is None:
+            return
+        output, text = called
+        self._count("merges")
+        parsed = parse_merge(text, len(shown), self.config.parse_limits)
+        step = max(e.created_step for e in shown)
+        changes = self._changes(parsed.ops if parsed.ok else (), shown, env_id, step, "merge",
+                                prompt, output, parsed.error)
+        if changes:
+            self.apply(changes)
+            self._count("ops_applied", len(parsed.ops))
+
+    def _changes(self, ops: Sequence[Operation], shown: list[ExperienceEntry], env_id: str,
+                 step: int, kind: str, prompt: str, output: Any,
+                 error: str | None) -> list[BankChange]:
+        """Bank changes for parsed operations; registers the generation for credit."""
+        generation_id = uuid.uuid4().hex
+        if error is not None:
+            self._count("format_failures")
+            log.info("extractor %s answer rejected: %s", kind, error)
+            if self.config.format_failure_reward is not None:
+                self.ledger.register(generation_id, prompt, output, kind,  # type: ignore[arg-type]
+                                     fixed_reward=self.config.format_failure_reward)
+            return []
+        changes: list[BankChange] = []
+        for op in ops:
+            if isinstance(op, (Update, Merge)):
+                changes.append(DeleteEntries(tuple(shown[t].id for t in op.targets)))
+            elif isinstance(op, (Rewrite, Discard)):
+                changes.append(DeleteEntries((shown[op.target].id,)))
+            elif isinstance(op, Vote):
+                changes.append(VoteEntry(shown[op.target].id, op.delta))
+            if isinstance(op, (Add, Update, Merge, Rewrite)):
+                changes.append(AddEntry(env_id, op.title, op.content, generation_id, step))
+        if any(isinstance(c, AddEntry) for c in changes):
+            self.ledger.register(generation_id, prompt, output, kind)  # type: ignore[arg-type]
+        return changes
+
+    # ----------------------------------------------------------------- retrieval
+    def _batch_loop(self) -> None:
+        cfg = self.config
+        while True:
+            first = self._queries.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + cfg.batch_wait_s
+            stop = False
+            while len(batch) < cfg.batch_size:
+                try:
+                    item = self._queries.get_nowait()
+                except queue.Empty:
+                    remaining = deadline - time.monotonic()
+                    if self._busy_searches < cfg.search_workers or remaining <= 0:
+                        break
+                    try:
+                        item = self._queries.get(timeout=remaining)
+                    except queue.Empty:
+                        break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            by_env: dict[str, list[_Query]] = {}
+            for query in batch:
+                by_env.setdefault(query.env_id, []).append(query)
+            for env_id, queries in by_env.items():
+                with self._busy_lock:
+                    self._busy_searches += 1
+                self._search_pool.submit(self._serve, env_id, queries)
+            if stop:
+                return
+
+    def _serve(self, env_id: str, queries: list[_Query]) -> None:
+        try:
+            self._count("retrieval_batches")
+            self._count("retrievals", len(queries))
+            cfg = self.config.retrieval
+            index = self._indexes.get(env_id)
+            if index is None:
+                hits: list[list[tuple[str, float]]] = [[] for _ in queries]
+            elif isinstance(index, DenseIndex):
+                vectors = self._embedder.encode([q.query for q in queries])  # type: ignore[union-attr]
+                hits = [index.search_vector(v, cfg.candidates) for v in vectors]
+            else:
+                hits = [index.search(q.query, cfg.candidates) for q in queries]
+            results = []
+            with self._rw.read():
+                now = time.time()
+                for query, found in zip(queries, hits, strict=True):
+                    live = [(e, s) for e, s in ((self.bank.get(i), s) for i, s in found) if e]
+                    chosen = diversity_rerank(live, query.k, cfg, now, self._rng)
+                    self.bank.record_retrievals([e.id for e in chosen], now)
+                    results.append(chosen)
+            self._remember_generations(results)
+            for query, chosen in zip(queries, results, strict=True):
+                query.future.set_result(chosen)
+        except BaseException as err:  # the caller gets the error instead of waiting forever
+            for query in queries:
+                if not query.future.done():
+                    query.future.set_exception(err)
+        finally:
+            with self._busy_lock:
+                self._busy_searches -= 1
+
+    def _remember_generations(self, results: list[list[ExperienceEntry]]) -> None:
+        with self._entry_generation_lock:
+            for chosen in results:
+                for entry in chosen:
+                    self._entry_generation[entry.id] = entry.generation_id
+                    self._entry_generation.move_to_end(entry.id)
+            while len(self._entry_generation) > 4 * self.bank.capacity:
+                self._entry_generation.popitem(last=False)
+
+    # ----------------------------------------------------------------- indexing
+    def _index_loop(self) -> None:
+        while True:
+            with self._state:
+                while not self._dirty and not self._closed:
+                    self._state.wait()
+                if not self._dirty:
+                    return
+                envs, self._dirty = self._dirty, set()
+                self._indexing = True
+            for env_id in envs:
+                try:
+                    self._rebuild(env_id)
+                except Exception:
+                    log.exception("re-indexing %s failed; it keeps its previous index", env_id)
+                    self._count("index_errors")
+            with self._state:
+                self._indexing = False
+                self._state.notify_all()
+
+    def _rebuild(self, env_id: str) -> None:
+        with self._rw.read():
+            entries = self.bank.entries(env_id)
+        ids = [e.id for e in entries]
+        if self._embedder is None:
+            rcfg = self.config.retrieval
+            self._indexes[env_id] = BM25Index(ids, [e.text for e in entries], rcfg.k1, rcfg.b)
+        else:
+            new = [e for e in entries if e.id not in self._vectors]
+            for entry, vector in zip(new, self._embedder.encode([e.text for e in new]), strict=True):
+                self._vectors[entry.id] = vector
+            live = set(ids)
+            for stale in [i for i in self._vectors if i not in live
+                          and self.bank.get(i) is None]:
+                del self._vectors[stale]
+            matrix = np.stack([self._vectors[i] for i in ids]) if ids else \
+                np.zeros((0, self._embedder.dim), dtype=np.float32)
+            self._indexes[env_id] = DenseIndex(ids, matrix)
+        self._count("index_rebuilds")
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._counters_lock:
+            self._counters[name] += n
