@@ -1,0 +1,237 @@
+"""A scripted MiniHack agent that reads only the text observation.
+
+Holds:
+- ``parse_observation``: the text map, hero position, message and inventory of an observation;
+- ``MiniHackOracle``: a planner over the parsed map. It walks a cheapest path (Dijkstra, with
+  unexplored cells assumed walkable) to the staircase down when it has seen it, else to the
+  nearest unexplored cell; KeyRoom: to the key, ``pickup``, next to the door, ``apply key``,
+  through the door; River: a search over boulder pushes that fills a crossing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from crl_envs.minihack.render import OPEN_DOOR, UNEXPLORED
+
+__all__ = ["ParsedView", "parse_observation", "MiniHackOracle"]
+
+Cell = tuple[int, int]
+
+_MOVES: dict[str, Cell] = {
+    "north": (0, -1),
+    "south": (0, 1),
+    "east": (1, 0),
+    "west": (-1, 0),
+    "northeast": (1, -1),
+    "northwest": (-1, -1),
+    "southeast": (1, 1),
+    "southwest": (-1, 1),
+}
+_DOORS = ("+", OPEN_DOOR)
+_WALKABLE = {".": 1.0, ">": 1.0, "<": 1.0, "(": 1.0, OPEN_DOOR: 1.0, UNEXPLORED: 1.5, "^": 25.0}
+_MONSTER_COST = 6.0  # walking into a monster attacks it: fine when going around is longer
+_MAP_HEADER = re.compile(r"Map \(top-left cell is x=(\d+), y=(\d+);")
+_HERO = re.compile(r"You \(@\) are at x=(\d+), y=(\d+)\.")
+
+
+@dataclass
+class ParsedView:
+    """What an observation says: the map cells, the hero, the message and the inventory."""
+
+    cells: dict[Cell, str] = field(default_factory=dict)
+    hero: Cell = (0, 0)
+    message: str = ""
+    inventory: str = ""
+
+    def find(self, char: str) -> list[Cell]:
+        return [cell for cell, c in self.cells.items() if c == char]
+
+
+def parse_observation(observation: str) -> ParsedView | None:
+    """Read the map block of a MiniHack observation; ``None`` if it has none (invalid action)."""
+    lines = observation.splitlines()
+    header = next((i for i, line in enumerate(lines) if _MAP_HEADER.match(line)), None)
+    if header is None:
+        return None
+    x0, y0 = (int(v) for v in _MAP_HEADER.match(lines[header]).groups())
+    view = ParsedView()
+    for line in lines[header + 3 :]:
+        hero = _HERO.match(line)
+        if hero:
+            view.hero = (int(hero.group(1)), int(hero.group(2)))
+            break
+        row = line[5:]
+        y = int(line[:4])
+        for i, char in enumerate(row):
+            view.cells[(x0 + i, y)] = char
+    for line in lines:
+        if line.startswith("Message: "):
+            view.message = line.removeprefix("Message: ")
+        elif line.startswith("Inventory: "):
+            view.inventory = line.removeprefix("Inventory: ")
+    view.cells[view.hero] = "."
+    return view
+
+
+def _step_cost(view: ParsedView, src: Cell, dst: Cell, monsters_ok: bool = True) -> float | None:
+    """The cost of one move, or ``None`` if NetHack would not allow it."""
+    char = view.cells.get(dst)
+    if char is None:
+        return None
+    if char.isalpha():
+        cost = _MONSTER_COST if monsters_ok else None
+    else:
+        cost = _WALKABLE.get(char)
+    if cost is None:
+        return None
+    diagonal = src[0] != dst[0] and src[1] != dst[1]
+    if diagonal and (view.cells.get(src) in _DOORS or char in _DOORS):
+        return None
+    return cost
+
+
+def _cheapest_first_step(view: ParsedView, goals: set[Cell], blocked: set[tuple[Cell, Cell]]) -> str | None:
+    """Dijkstra from the hero to the nearest goal cell; the first move of that path."""
+    start = view.hero
+    queue: list[tuple[float, Cell, str | None]] = [(0.0, start, None)]
+    best = {start: 0.0}
+    while queue:
+        cost, cell, first = heapq.heappop(queue)
+        if cost > best.get(cell, float("inf")):
+            continue
+        if cell in goals:
+            return first
+        for name, (dx, dy) in _MOVES.items():
+            nxt = (cell[0] + dx, cell[1] + dy)
+            if (cell, nxt) in blocked:
+                continue
+            step = _step_cost(view, cell, nxt)
+            if step is None:
+                continue
+            if view.cells.get(cell) == UNEXPLORED and cell != start:
+                continue  # plan into the unknown, never through it
+            total = cost + step
+            if total < best.get(nxt, float("inf")):
+                best[nxt] = total
+                heapq.heappush(queue, (total, nxt, first or name))
+    return None
+
+
+class MiniHackOracle:
+    """A planner for every CRL MiniHack task, reading only the text observation.
+
+    Example:
+        >>> import gymnasium as gym, crl_envs
+        >>> env = gym.make("CRL/MiniHackRoom-v0", variant="plain")
+        >>> oracle = MiniHackOracle(env)
+        >>> obs, info = env.reset(seed=1)
+        >>> oracle.reset(obs, info)
+        >>> for _ in range(30):
+        ...     obs, reward, terminated, truncated, info = env.step(oracle.act(obs, info))
+        ...     if terminated or truncated:
+        ...         break
+        >>> info["won"]
+        True
+        >>> env.close()
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        self.task = getattr(env.unwrapped, "task_name", "room")
+        self._key_cell: Cell | None = None
+        self._blocked: set[tuple[Cell, Cell]] = set()
+        self._last: tuple[Cell, str] | None = None
+        self._view: ParsedView | None = None
+
+    def reset(self, observation: str, info: dict[str, Any]) -> None:
+        """Forget the previous episode."""
+        self._key_cell = None
+        self._blocked = set()
+        self._last = None
+        self._view = parse_observation(observation)
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        """The next action for this observation."""
+        view = parse_observation(observation) or self._view
+        self._view = view
+        self._learn_blocked_move(view)
+        action = self._choose(view)
+        self._last = (view.hero, action)
+        return action
+
+    # ----------------------------------------------------------------- planning
+    def _learn_blocked_move(self, view: ParsedView) -> None:
+        """A move that left the hero in place (a wall, a squeeze) is not tried again."""
+        if self._last is None:
+            return
+        cell, action = self._last
+        if action in _MOVES and view.hero == cell and _adjacent_monster(view) is None:
+            dx, dy = _MOVES[action]
+            self._blocked.add((cell, (cell[0] + dx, cell[1] + dy)))
+
+    def _choose(self, view: ParsedView) -> str:
+        stairs = set(view.find(">"))
+        if any(_distance(cell, view.hero) == 1 for cell in stairs):
+            return _cheapest_first_step(view, stairs, self._blocked) or self._explore(view)
+        enemy = _adjacent_monster(view)
+        if enemy is not None:
+            return enemy  # fleeing gives a monster free hits: fight it
+
+        if self.task == "keyroom":
+            action = self._keyroom(view, stairs)
+            if action:
+                return action
+        if stairs:
+            step = _cheapest_first_step(view, stairs, self._blocked)
+            if step:
+                return step
+        return self._explore(view)
+
+    def _explore(self, view: ParsedView) -> str:
+        frontier = {cell for cell, c in view.cells.items() if c == UNEXPLORED}
+        return _cheapest_first_step(view, frontier, self._blocked) or "north"
+
+    def _keyroom(self, view: ParsedView, stairs: set[Cell]) -> str | None:
+        if not re.search(r"\bkey\b", view.inventory):
+            keys = view.find("(")
+            if keys:
+                self._key_cell = min(keys, key=lambda c: _distance(c, view.hero))
+            if self._key_cell == view.hero or "key" in view.message and "see here" in view.message:
+                return "pickup"
+            if self._key_cell is not None:
+                return _cheapest_first_step(view, {self._key_cell}, self._blocked)
+            return None
+        if stairs and _cheapest_first_step(view, stairs, self._blocked):
+            return None  # the door is open (or not in the way): go to the stairs
+        for door in view.find("+"):
+            for name in ("north", "south", "east", "west"):
+                dx, dy = _MOVES[name]
+                if view.hero == (door[0] - dx, door[1] - dy):
+                    return f"apply key {name}"
+            beside = {
+                (door[0] - dx, door[1] - dy)
+                for dx, dy in (_MOVES[n] for n in ("north", "south", "east", "west"))
+                if view.cells.get((door[0] - dx, door[1] - dy)) in (".", "(", ">", "<")
+            }
+            step = _cheapest_first_step(view, beside, self._blocked)
+            if step:
+                return step
+        return None
+
+
+def _distance(a: Cell, b: Cell) -> int:
+    return max(abs(a[0] - b[0]), abs(a[1] - b[1]))
+
+
+def _adjacent_monster(view: ParsedView) -> str | None:
+    """The move that attacks an adjacent monster, if there is one."""
+    hx, hy = view.hero
+    for name, (dx, dy) in _MOVES.items():
+        if view.cells.get((hx + dx, hy + dy), "").isalpha() and _step_cost(view, view.hero, (hx + dx, hy + dy)):
+            return name
+    return None

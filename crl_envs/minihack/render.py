@@ -1,0 +1,185 @@
+"""Fog-of-war text rendering of a NetHack map, apart from any env.
+
+Holds:
+- ``UNEXPLORED``, ``ROCK``, ``OPEN_DOOR``: the characters this view adds to NetHack's own symbols;
+- ``LEGEND``: what every character of the view means (the env puts it in its instructions);
+- ``FogOfWarView``: remembers which cells the hero has ever seen and renders the explored part
+  of the map as a framed, coordinate-labelled text grid plus a list of what is in view.
+
+NetHack's glyph memory already keeps every cell the hero has seen (a remembered wall stays on the
+map after the hero walks away). What it cannot tell apart is "solid rock the hero looked at" and
+"never seen": both are the blank stone glyph. The view therefore tracks a ``seen`` mask: a cell
+is seen once it showed a non-stone glyph or was next to the hero (the hero always perceives the
+eight cells around it, even in the dark). Seen stone is drawn as ``ROCK``, unseen cells as
+``UNEXPLORED``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from nle import nethack
+
+__all__ = ["UNEXPLORED", "ROCK", "OPEN_DOOR", "LEGEND", "FogOfWarView", "describe_offset"]
+
+UNEXPLORED = "?"
+ROCK = "#"
+OPEN_DOOR = "/"
+
+_CMAP = nethack.GLYPH_CMAP_OFF
+_STONE_GLYPH = _CMAP + 0
+# NetHack draws open doors with the wall characters '-' and '|'; a distinct character keeps a
+# reader (model or oracle) from taking an open door for a wall.
+_OPEN_DOOR_GLYPHS = (_CMAP + 13, _CMAP + 14)
+_CLOSED_DOOR_GLYPHS = (_CMAP + 15, _CMAP + 16)
+_STAIRS_DOWN_GLYPH = _CMAP + 24
+_NOTABLE_CMAP_GLYPHS = (*_OPEN_DOOR_GLYPHS, *_CLOSED_DOOR_GLYPHS, _STAIRS_DOWN_GLYPH)
+
+LEGEND: dict[str, str] = {
+    "@": "you",
+    ".": "floor (lit or remembered dark floor, or a doorway without a door)",
+    ROCK: "solid rock you have looked at (impassable)",
+    "|": "wall",
+    "-": "wall",
+    "+": "closed door (may be locked)",
+    OPEN_DOOR: "open door (enter and leave it straight, never diagonally)",
+    ">": "staircase down: the goal",
+    "<": "staircase up",
+    "(": "tool, e.g. the key",
+    "`": "boulder (walk into it to push it)",
+    "}": "water (deep: do not walk in; a boulder pushed into it fills it)",
+    "^": "trap (avoid it)",
+    "a-z, A-Z": "a monster (walk into it to attack it)",
+    UNEXPLORED: "unexplored (never seen)",
+}
+
+def describe_offset(dx: int, dy: int) -> str:
+    """Words for a map offset from the hero, north/south first.
+
+    >>> describe_offset(2, -1)
+    '1 north, 2 east'
+    >>> describe_offset(0, 0)
+    'here'
+    """
+    parts = [
+        f"{abs(d)} {word}"
+        for word, d in (("north", -dy if dy < 0 else 0), ("south", dy if dy > 0 else 0),
+                        ("east", dx if dx > 0 else 0), ("west", -dx if dx < 0 else 0))
+        if d
+    ]
+    return ", ".join(parts) if parts else "here"
+
+
+def _feature_name(glyph: int, char: str) -> str:
+    """What a notable cell holds, in words (stairs, doors, items, monsters, traps)."""
+    if nethack.glyph_is_monster(glyph):
+        return f"monster {nethack.permonst(nethack.glyph_to_mon(glyph)).mname} ({char})"
+    if nethack.glyph_is_trap(glyph):
+        return f"trap: {nethack.symdef.from_idx(nethack.glyph_to_cmap(glyph)).explanation} (^)"
+    if nethack.glyph_is_object(glyph):
+        name = "boulder" if char == "`" else "item"
+        if char == "(":
+            name = "key or other tool"
+        return f"{name} ({char})"
+    if glyph == _STAIRS_DOWN_GLYPH:
+        return "staircase down (>)"
+    if glyph in _CLOSED_DOOR_GLYPHS:
+        return "closed door (+)"
+    return f"open door ({OPEN_DOOR})"
+
+
+class FogOfWarView:
+    """The hero's view of one NetHack level: remembered cells kept, unexplored cells marked.
+
+    ``update(glyphs, chars, hero_x, hero_y)`` after every game step; ``render()`` returns the
+    explored part of the map (its bounding box plus a one-cell margin of ``UNEXPLORED``), framed
+    with x coordinates above and y coordinates on the left, followed by the hero's position and
+    the notable things in view with their offsets from the hero.
+
+    Example:
+        >>> import numpy as np
+        >>> from nle import nethack
+        >>> glyphs = np.full((21, 79), nethack.GLYPH_CMAP_OFF, dtype=np.int16)  # all stone
+        >>> chars = np.full((21, 79), ord(" "), dtype=np.uint8)
+        >>> glyphs[5, 10:13] = nethack.GLYPH_CMAP_OFF + 19                     # lit floor
+        >>> chars[5, 10:13] = ord(".")
+        >>> chars[5, 11] = ord("@")
+        >>> view = FogOfWarView()
+        >>> view.update(glyphs, chars, hero_x=11, hero_y=5)
+        >>> print(view.render_map())
+        Map (top-left cell is x=9, y=3; x grows east, y grows south):
+              01111
+              90123
+           3 ?????
+           4 ?###?
+           5 ?.@.?
+           6 ?###?
+           7 ?????
+    """
+
+    def __init__(self) -> None:
+        self.seen = np.zeros((nethack.DUNGEON_SHAPE[0], nethack.DUNGEON_SHAPE[1]), dtype=bool)
+        self._glyphs = np.full(self.seen.shape, _STONE_GLYPH, dtype=np.int16)
+        self._chars = np.full(self.seen.shape, ord(" "), dtype=np.uint8)
+        self.hero = (0, 0)
+
+    def reset(self) -> None:
+        """Forget everything (a new level)."""
+        self.seen[:] = False
+
+    def update(self, glyphs: np.ndarray, chars: np.ndarray, hero_x: int, hero_y: int) -> None:
+        """Take in the current NetHack glyph memory and the hero's position."""
+        self.seen |= glyphs != _STONE_GLYPH
+        self.seen[max(hero_y - 1, 0) : hero_y + 2, max(hero_x - 1, 0) : hero_x + 2] = True
+        # Copies: NLE reuses its buffers and blanks them when the game ends, and the last
+        # picture must survive that.
+        np.copyto(self._glyphs, glyphs)
+        np.copyto(self._chars, chars)
+        self.hero = (int(hero_x), int(hero_y))
+
+    def render_map(self) -> str:
+        """The explored part of the map as a framed text grid."""
+        rows = np.flatnonzero(self.seen.any(axis=1))
+        cols = np.flatnonzero(self.seen.any(axis=0))
+        y0, y1 = max(rows[0] - 1, 0), min(rows[-1] + 2, self.seen.shape[0])
+        x0, x1 = max(cols[0] - 1, 0), min(cols[-1] + 2, self.seen.shape[1])
+        seen = self.seen[y0:y1, x0:x1]
+        glyphs = self._glyphs[y0:y1, x0:x1]
+        grid = self._chars[y0:y1, x0:x1].copy()
+        grid[seen & (glyphs == _STONE_GLYPH)] = ord(ROCK)
+        grid[np.isin(glyphs, _OPEN_DOOR_GLYPHS)] = ord(OPEN_DOOR)
+        grid[~seen] = ord(UNEXPLORED)
+        xs = [f"{x:02d}" for x in range(x0, x1)]
+        lines = [
+            f"Map (top-left cell is x={x0}, y={y0}; x grows east, y grows south):",
+            "     " + "".join(x[0] for x in xs),
+            "     " + "".join(x[1] for x in xs),
+        ]
+        lines += [f"{y0 + i:>4} {row.tobytes().decode('latin-1')}" for i, row in enumerate(grid)]
+        return "\n".join(lines)
+
+    def features(self) -> list[str]:
+        """Notable seen cells (stairs, doors, items, boulders, monsters, traps), nearest first."""
+        hx, hy = self.hero
+        glyphs = self._glyphs
+        notable = self.seen & (
+            nethack.glyph_is_monster(glyphs)
+            | nethack.glyph_is_object(glyphs)
+            | nethack.glyph_is_trap(glyphs)
+            | np.isin(glyphs, _NOTABLE_CMAP_GLYPHS)
+        )
+        notable[hy, hx] = False
+        ys, xs = np.nonzero(notable)
+        order = np.argsort(np.maximum(np.abs(xs - hx), np.abs(ys - hy)), kind="stable")
+        return [
+            f"{_feature_name(int(glyphs[y, x]), chr(self._chars[y, x]))} at x={x}, y={y}"
+            f" ({describe_offset(int(x) - hx, int(y) - hy)})"
+            for y, x in zip(ys[order], xs[order], strict=True)
+        ]
+
+    def render(self, status: str = "") -> str:
+        """Map, the hero's position (and ``status``) and the notable things in view."""
+        hx, hy = self.hero
+        lines = [self.render_map(), f"You (@) are at x={hx}, y={hy}.{' ' + status if status else ''}"]
+        features = self.features()
+        lines.append("In view: " + ("; ".join(features) if features else "nothing notable") + ".")
+        return "\n".join(lines)
