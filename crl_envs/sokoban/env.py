@@ -84,11 +84,11 @@ class SokobanEnv(TextEnv):
     @property
     def task(self) -> str:
         count = self.level.num_boxes if self.level is not None else self.num_boxes
+        if count == 1:
+            return "Push the box onto the target."
         if count == 2:
             return "Push both boxes onto the two targets."
-        return "Push the box onto the target." if count == 1 else (
-            f"Push all {count} boxes onto the {count} targets."
-        )
+        return f"Push all {count} boxes onto the {count} targets."
 
     def admissible_actions(self) -> list[str]:
         return list(ACTIONS)
