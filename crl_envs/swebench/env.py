@@ -1,0 +1,192 @@
+"""``SWEBenchEnv``: SWE-bench tasks as a text env (``CRL/SWEBench-v0``, ``CRL/SWEBenchToy-v0``).
+
+The observation is first the issue and where the repository is, then the output of each tool
+call. The episode ends at ``submit``, or at the step limit (50 in the paper) with the
+repository's current diff submitted. Reward 1 iff swebench's report says the task is resolved.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from crl_envs.base import TextEnv, Transition
+from crl_envs.swebench.data import TOY_DIR, load_instances
+from crl_envs.swebench.grading import Grade, grade_patch
+from crl_envs.swebench.sandbox import DockerSandbox, LocalSandbox, Sandbox, SandboxError
+from crl_envs.swebench.tools import TOOL_CALL_SYNTAX, Tools
+
+__all__ = ["SWEBenchEnv"]
+
+SANDBOXES = ("docker", "local")
+
+_INSTRUCTIONS = f"""\
+You are a software engineer fixing an issue in a code repository. You work through tools; each
+turn you call exactly one tool and then see its output. Explore the repository, reproduce the
+issue, edit the source files to fix it (not the tests), check your fix, then submit.
+
+{TOOL_CALL_SYNTAX}"""
+
+_TASK_PROMPT = """\
+<uploaded_files>
+{repo_dir}
+</uploaded_files>
+I've uploaded a code repository in the directory {repo_dir}. Consider the following issue:
+
+<issue>
+{issue}
+</issue>
+
+Make the minimal changes to non-test files in {repo_dir} so that the issue is resolved. Tests
+for the issue are already written; you do not need to change any test. When you are done,
+call submit."""
+
+
+class SWEBenchEnv(TextEnv):
+    """SWE-bench instances behind the text-env contract, with SWE-agent's tools.
+
+    Args:
+        dataset: ``"verified"`` (SWE-bench Verified), ``"toy"``, or a rows file / hub id.
+        sandbox: ``"docker"`` (the instance's image; needs a Docker daemon) or ``"local"``
+            (a temporary checkout on this host; unisolated, opt-in).
+        task_ids: restrict to these ids (a list, comma-separated ids, or a file, one id a line).
+        data_dir: where the dataset lies (default: the resolver of ``crl_envs.data``).
+        repos_dir: for ``sandbox="local"`` on real tasks, a folder of git clones named
+            ``owner__name``.
+        command_timeout: seconds before a bash command is killed.
+        eval_timeout: seconds before the grading test run is killed.
+        max_steps: the step limit at which the current diff is submitted (default: the
+            registration's ``max_episode_steps``).
+
+    ``reset(options={"task_id": ...})`` picks a task; else the seed does. The final ``info``
+    holds ``patch``, ``resolved``, ``fail_to_pass`` and ``pass_to_pass`` (pass fractions),
+    ``report`` (swebench's) and ``submitted_by`` (``"submit"`` or ``"step_limit"``).
+
+    Example:
+        >>> import warnings, gymnasium as gym, crl_envs
+        >>> from crl_envs.swebench.tools import format_tool_call
+        >>> warnings.simplefilter("ignore")
+        >>> env = gym.make("CRL/SWEBenchToy-v0")
+        >>> obs, info = env.reset(seed=0)
+        >>> obs, reward, terminated, truncated, info = env.step(format_tool_call("submit"))
+        >>> reward, terminated, info["patch"], info["fail_to_pass"]
+        (0.0, True, '', 0.0)
+        >>> env.close()
+    """
+
+    def __init__(self, dataset: str = "verified", sandbox: str = "docker",
+                 task_ids: str | os.PathLike | list[str] | None = None,
+                 data_dir: str | os.PathLike | None = None,
+                 repos_dir: str | os.PathLike | None = None,
+                 command_timeout: float = 120.0, eval_timeout: float = 1800.0,
+                 max_steps: int | None = None, docker_client: Any = None,
+                 render_mode: str | None = None, reward_mode: str = "binary") -> None:
+        super().__init__(render_mode=render_mode, reward_mode=reward_mode)
+        if sandbox not in SANDBOXES:
+            raise ValueError(f"sandbox={sandbox!r} is not one of {SANDBOXES}.")
+        self.env_id = "CRL/SWEBenchToy-v0" if dataset == "toy" else "CRL/SWEBench-v0"
+        self.instructions = _INSTRUCTIONS
+        self.dataset = dataset
+        self.sandbox_kind = sandbox
+        self.repos_dir = Path(repos_dir) if repos_dir else None
+        self.command_timeout = command_timeout
+        self.eval_timeout = eval_timeout
+        self.max_steps = max_steps
+        self.instances = load_instances(dataset, data_dir, task_ids)
+        if not self.instances:
+            raise ValueError(f"No SWE tasks selected from {dataset!r}.")
+        self._by_id = {row["instance_id"]: row for row in self.instances}
+        self._docker_client = docker_client
+        self.instance: dict[str, Any] | None = None
+        self.sandbox: Sandbox | None = None
+        self.tools: Tools | None = None
+        self._steps = 0
+
+    # ----------------------------------------------------------------- contract
+    @property
+    def task(self) -> str:
+        return self.instance["problem_statement"] if self.instance else ""
+
+    def _reset(self, seed: int | None, options: dict[str, Any]) -> str:
+        task_id = options.get("task_id")
+        if task_id is not None and task_id not in self._by_id:
+            raise KeyError(f"Unknown task_id {task_id!r} for {self.env_id}; "
+                           f"{len(self._by_id)} tasks are loaded.")
+        if task_id is None:
+            task_id = self.instances[int(self.np_random.integers(len(self.instances)))]["instance_id"]
+        self._close_sandbox()
+        self.instance = self._by_id[task_id]
+        self.sandbox = self._make_sandbox(self.instance)
+        self.tools = Tools(self.sandbox, command_timeout=self.command_timeout)
+        self._steps = 0
+        if self.max_steps is None and self.spec is not None:
+            self.max_steps = self.spec.max_episode_steps
+        return _TASK_PROMPT.format(repo_dir=self.sandbox.repo_dir,
+                                   issue=self.instance["problem_statement"].strip())
+
+    def _step(self, action: str) -> Transition:
+        self._steps += 1
+        result = self.tools.call(action)
+        at_limit = self.max_steps is not None and self._steps >= self.max_steps
+        if not (result.submitted or at_limit):
+            return Transition(observation=result.output, valid=result.valid)
+        patch = self.sandbox.diff()
+        grade = grade_patch(self.sandbox, self.instance, patch, timeout=self.eval_timeout)
+        submitted_by = "submit" if result.submitted else "step_limit"
+        verdict = "resolved" if grade.resolved else "not resolved"
+        prefix = "" if result.submitted else (
+            f"{result.output}\n\nStep limit ({self.max_steps}) reached: the current diff was "
+            "submitted.\n")
+        return Transition(
+            observation=f"{prefix}Submitted. The issue is {verdict} "
+                        f"(FAIL_TO_PASS {grade.fail_to_pass:.0%}, PASS_TO_PASS "
+                        f"{grade.pass_to_pass:.0%}).",
+            # The forced submission at the step limit is graded even after a malformed call;
+            # `action_valid` still reports the call itself.
+            valid=True, won=grade.resolved, terminated=result.submitted,
+            score=float(grade.resolved),
+            info={**self._grade_info(patch, grade), "submitted_by": submitted_by,
+                  "action_valid": result.valid},
+        )
+
+    @staticmethod
+    def _grade_info(patch: str, grade: Grade) -> dict[str, Any]:
+        return {"patch": patch, "resolved": grade.resolved, "fail_to_pass": grade.fail_to_pass,
+                "pass_to_pass": grade.pass_to_pass, "report": grade.report}
+
+    # ----------------------------------------------------------------- sandboxes
+    def _make_sandbox(self, instance: dict[str, Any]) -> Sandbox:
+        if self.sandbox_kind == "docker":
+            return DockerSandbox(instance, client=self._docker_client)
+        if self.dataset == "toy":
+            sandbox = LocalSandbox(TOY_DIR / "repo")
+        else:
+            if self.repos_dir is None:
+                raise SandboxError(
+                    f"sandbox='local' on {instance['repo']} needs repos_dir=, a folder with a git "
+                    f"clone of it named {instance['repo'].replace('/', '__')}; or use "
+                    "sandbox='docker'."
+                )
+            clone = self.repos_dir / instance["repo"].replace("/", "__")
+            if not (clone / ".git").exists():
+                raise SandboxError(f"No git clone at {clone}: run `git clone "
+                                   f"https://github.com/{instance['repo']} {clone}`.")
+            sandbox = LocalSandbox(clone, base_commit=instance["base_commit"])
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=sandbox.repo_dir,
+                              capture_output=True, text=True).stdout.strip()
+        if head != instance["base_commit"]:
+            sandbox.close()
+            raise SandboxError(f"The checkout of {instance['instance_id']} is at {head}, not the "
+                               f"task's base_commit {instance['base_commit']}: its files changed.")
+        return sandbox
+
+    def _close_sandbox(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+        self.sandbox, self.tools = None, None
+
+    def close(self) -> None:
+        self._close_sandbox()
+        super().close()

@@ -1,0 +1,376 @@
+"""The agent's tools for SWE tasks, with SWE-agent's semantics, and the text syntax to call them.
+
+Holds:
+- ``TOOL_CALL_SYNTAX``: how a language model writes a tool call (documented for the prompt).
+- ``ToolCall``, ``ToolCallError``, ``parse_tool_call``: the text syntax and its parser.
+- ``ToolResult``: the observation of one call, whether it was valid, whether it submitted.
+- ``Tools``: ``bash`` (persistent shell with a timeout and the exit code),
+  ``str_replace_editor`` (``view``, ``create``, ``str_replace``, ``insert``, ``undo_edit``) and
+  ``submit``, over any ``Sandbox``.
+
+A tool call is one ``<function=NAME>`` block whose parameters are ``<parameter=KEY>`` blocks;
+values are taken verbatim (no escaping, so code is written as is), minus one newline right
+after the opening tag and one right before the closing tag. This is the syntax of OpenHands'
+and SWE-smith's text prompts, which code models are trained on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from crl_envs.swebench.sandbox import (
+    OUTPUT_LIMIT,
+    PathOutsideSandboxError,
+    Sandbox,
+    SandboxError,
+    cut_output,
+)
+
+__all__ = [
+    "TOOL_CALL_SYNTAX",
+    "TOOL_NAMES",
+    "ToolCall",
+    "ToolCallError",
+    "ToolResult",
+    "Tools",
+    "parse_tool_call",
+    "format_tool_call",
+]
+
+TOOL_CALL_SYNTAX = """\
+Call exactly one tool per turn, in this format (values are raw text, no quoting or escaping):
+
+<function=TOOL_NAME>
+<parameter=NAME>
+value
+</parameter>
+</function>
+
+Tools:
+- bash: run a command in a persistent shell (the working directory, exported variables,
+  functions and aliases carry over). Parameters: command. Commands cannot read stdin; long
+  runs are killed after the timeout; output over 16,000 characters is cut.
+- str_replace_editor: view and edit files; paths are absolute. Parameters: command (one of
+  view, create, str_replace, insert, undo_edit), path, and per command:
+    view: view_range (optional, e.g. [11, 30]; -1 as end means to the end). A file is shown
+      with line numbers (cat -n); a directory lists files up to 2 levels deep.
+    create: file_text. Refuses a file that already exists.
+    str_replace: old_str (must match exactly once, whitespace included), new_str.
+    insert: insert_line (insert after this line; 0 = at the top), new_str.
+    undo_edit: reverts the last edit of path.
+- submit: end the episode; the repository's current diff is the answer. No parameters.
+
+Example:
+<function=str_replace_editor>
+<parameter=command>str_replace</parameter>
+<parameter=path>/testbed/pkg/module.py</parameter>
+<parameter=old_str>    return a - b</parameter>
+<parameter=new_str>    return a + b</parameter>
+</function>"""
+
+# tool -> (required parameters, optional parameters)
+_PARAMETERS: dict[str, tuple[set[str], set[str]]] = {
+    "bash": ({"command"}, set()),
+    "str_replace_editor": (
+        {"command", "path"},
+        {"file_text", "old_str", "new_str", "insert_line", "view_range"},
+    ),
+    "submit": (set(), set()),
+}
+TOOL_NAMES: tuple[str, ...] = tuple(_PARAMETERS)
+
+_EDITOR_COMMANDS: dict[str, set[str]] = {
+    "view": set(),
+    "create": {"file_text"},
+    "str_replace": {"old_str"},
+    "insert": {"insert_line", "new_str"},
+    "undo_edit": set(),
+}
+
+_FUNCTION_RE = re.compile(r"<function\s*=\s*([^>\s]*)\s*>(.*?)(?:</function>|\Z)", re.DOTALL)
+_PARAMETER_RE = re.compile(r"<parameter\s*=\s*([^>\s]*)\s*>(.*?)</parameter>", re.DOTALL)
+_SNIPPET_LINES = 4
+
+
+class ToolCallError(ValueError):
+    """The text is not one well-formed tool call; the message says what is wrong."""
+
+
+@dataclass
+class ToolCall:
+    """A parsed tool call: the tool's name and its raw string parameters."""
+
+    name: str
+    parameters: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ToolResult:
+    """What one tool call did: the observation text, whether the call was valid (a refused or
+    malformed call changes nothing), and whether it was ``submit``."""
+
+    output: str
+    valid: bool = True
+    submitted: bool = False
+
+
+def _strip_one_newline(value: str) -> str:
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+def parse_tool_call(text: str) -> ToolCall:
+    """Parse one tool call written in ``TOOL_CALL_SYNTAX``; raise ``ToolCallError`` otherwise.
+
+    >>> call = parse_tool_call("<function=bash>\\n<parameter=command>ls -a</parameter>\\n</function>")
+    >>> call.name, call.parameters
+    ('bash', {'command': 'ls -a'})
+    >>> parse_tool_call("ls -a")
+    Traceback (most recent call last):
+    ...
+    crl_envs.swebench.tools.ToolCallError: no tool call found: write <function=TOOL_NAME> ... </function> (tools: bash, str_replace_editor, submit)
+    """
+    calls = _FUNCTION_RE.findall(text)
+    if not calls:
+        raise ToolCallError("no tool call found: write <function=TOOL_NAME> ... </function> "
+                            f"(tools: {', '.join(TOOL_NAMES)})")
+    if len(calls) > 1:
+        raise ToolCallError(f"{len(calls)} tool calls found; call exactly one tool per turn")
+    name, body = calls[0]
+    if name not in _PARAMETERS:
+        raise ToolCallError(f"unknown tool {name!r}; tools: {', '.join(TOOL_NAMES)}")
+    parameters: dict[str, str] = {}
+    for key, value in _PARAMETER_RE.findall(body):
+        if key in parameters:
+            raise ToolCallError(f"parameter {key!r} given twice")
+        parameters[key] = _strip_one_newline(value)
+    leftover = _PARAMETER_RE.sub("", body)
+    if "<parameter" in leftover:
+        raise ToolCallError("a <parameter=NAME> block is not closed with </parameter>")
+    required, optional = _PARAMETERS[name]
+    unknown = set(parameters) - required - optional
+    if unknown:
+        allowed = ", ".join(sorted(required | optional)) or "none"
+        raise ToolCallError(f"{name} takes no parameter {', '.join(sorted(unknown))} "
+                            f"(parameters: {allowed})")
+    missing = required - set(parameters)
+    if missing:
+        raise ToolCallError(f"{name} needs the parameter(s) {', '.join(sorted(missing))}")
+    return ToolCall(name, parameters)
+
+
+def format_tool_call(name: str, **parameters: object) -> str:
+    """Write a tool call in ``TOOL_CALL_SYNTAX`` (what scripted agents and prompts use).
+
+    >>> format_tool_call("submit")
+    '<function=submit>\\n</function>'
+    """
+    body = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in parameters.items())
+    return f"<function={name}>\n{body}</function>"
+
+
+def _numbered(text: str, first_line: int = 1) -> str:
+    # cat -n layout, as SWE-agent shows files
+    return "\n".join(f"{number:6}\t{line}"
+                     for number, line in enumerate(text.split("\n"), start=first_line))
+
+
+class Tools:
+    """``bash``, ``str_replace_editor`` and ``submit`` over one sandbox, with edit history.
+
+    ``call(text)`` parses and runs one tool call and never raises for anything a model writes:
+    a malformed or refused call is a ``ToolResult`` with ``valid=False`` and the reason.
+
+    Example:
+        >>> import tempfile, pathlib, warnings
+        >>> from crl_envs.swebench.sandbox import LocalSandbox
+        >>> src = pathlib.Path(tempfile.mkdtemp()); _ = (src / "a.py").write_text("x = 1\\n")
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     tools = Tools(LocalSandbox(src))
+        >>> path = tools.sandbox.repo_dir + "/a.py"
+        >>> result = tools.call(format_tool_call("str_replace_editor", command="str_replace",
+        ...                                      path=path, old_str="x = 1", new_str="x = 2"))
+        >>> result.valid, tools.sandbox.read_file(path)
+        (True, 'x = 2\\n')
+        >>> tools.call("<function=bash>").valid
+        False
+        >>> tools.sandbox.close()
+    """
+
+    def __init__(self, sandbox: Sandbox, command_timeout: float = 120.0) -> None:
+        self.sandbox = sandbox
+        self.command_timeout = command_timeout
+        # path -> earlier versions of the file, None where it did not exist (before `create`)
+        self._history: dict[str, list[str | None]] = {}
+
+    def call(self, text: str) -> ToolResult:
+        """Parse ``text`` as one tool call and run it."""
+        try:
+            call = parse_tool_call(text)
+        except ToolCallError as err:
+            return ToolResult(f"Invalid tool call: {err}.\n\n{TOOL_CALL_SYNTAX}", valid=False)
+        if call.name == "submit":
+            return ToolResult("Submitted.", submitted=True)
+        if call.name == "bash":
+            return self.bash(call.parameters["command"])
+        return self.editor(**call.parameters)
+
+    # ------------------------------------------------------------------ bash
+    def bash(self, command: str) -> ToolResult:
+        """Run ``command`` in the persistent shell; the observation ends with the exit code."""
+        if not command.strip():
+            return ToolResult("The bash command is empty; write a command to run.", valid=False)
+        try:
+            result = self.sandbox.run(command, timeout=self.command_timeout)
+        except SandboxError as err:
+            return ToolResult(f"The command could not run: {err}")
+        output = result.output if result.output else "(no output)\n"
+        if not output.endswith("\n"):
+            output += "\n"
+        if result.timed_out:
+            return ToolResult(f"{output}[timed out after {self.command_timeout:g} seconds; the "
+                              "command and its child processes were killed]")
+        return ToolResult(f"{output}[exit code {result.exit_code}]")
+
+    # ------------------------------------------------------------------ editor
+    def editor(self, command: str, path: str, **args: str) -> ToolResult:
+        """SWE-agent's ``str_replace_editor``: refusals come back as invalid results."""
+        if command not in _EDITOR_COMMANDS:
+            return ToolResult(f"Unknown str_replace_editor command {command!r}; commands: "
+                              f"{', '.join(_EDITOR_COMMANDS)}.", valid=False)
+        missing = _EDITOR_COMMANDS[command] - set(args)
+        if missing:
+            return ToolResult(f"str_replace_editor {command} needs the parameter(s) "
+                              f"{', '.join(sorted(missing))}.", valid=False)
+        if not path.startswith("/"):
+            suggestion = f"{self.sandbox.repo_dir.rstrip('/')}/{path.lstrip('./')}"
+            return ToolResult(f"The path {path} is not an absolute path; it should start with "
+                              f"`/`. Maybe you meant {suggestion}?", valid=False)
+        try:
+            self.sandbox.check_path(path)
+            kind = self.sandbox.path_kind(path)
+            if command == "create":
+                return self._create(path, kind, args["file_text"])
+            if kind is None:
+                return ToolResult(f"The path {path} does not exist. Please provide a valid path.",
+                                  valid=False)
+            if kind == "dir" and command != "view":
+                return ToolResult(f"The path {path} is a directory; only `view` works on "
+                                  "directories.", valid=False)
+            if command == "view":
+                return self._view(path, kind, args.get("view_range"))
+            if command == "str_replace":
+                return self._str_replace(path, args["old_str"], args.get("new_str", ""))
+            if command == "insert":
+                return self._insert(path, args["insert_line"], args["new_str"])
+            return self._undo(path)
+        except PathOutsideSandboxError as err:
+            return ToolResult(f"Refused: {err}", valid=False)
+        except (OSError, SandboxError) as err:
+            return ToolResult(f"str_replace_editor {command} failed on {path}: {err}",
+                              valid=False)
+
+    def _view(self, path: str, kind: str, view_range: str | None) -> ToolResult:
+        if kind == "dir":
+            if view_range:
+                return ToolResult("view_range applies to files, not directories.", valid=False)
+            listing = "\n".join(self.sandbox.list_dir(path, depth=2))
+            return ToolResult(f"Here are the files and directories up to 2 levels deep in {path}, "
+                              f"excluding hidden items:\n{path}\n{listing}")
+        text = self.sandbox.read_file(path).expandtabs()
+        lines = text.split("\n")
+        first = 1
+        if view_range:
+            bounds = _parse_range(view_range)
+            if bounds is None:
+                return ToolResult(f"Invalid view_range {view_range!r}: give two integers, e.g. "
+                                  "[11, 30].", valid=False)
+            first, last = bounds
+            if not 1 <= first <= len(lines):
+                return ToolResult(f"Invalid view_range {view_range}: its first element {first} "
+                                  f"should be within [1, {len(lines)}].", valid=False)
+            if last != -1 and not first <= last <= len(lines):
+                return ToolResult(f"Invalid view_range {view_range}: its second element {last} "
+                                  f"should be -1 or within [{first}, {len(lines)}].", valid=False)
+            lines = lines[first - 1:] if last == -1 else lines[first - 1:last]
+        shown = cut_output(_numbered("\n".join(lines), first), OUTPUT_LIMIT)
+        return ToolResult(f"Here's the result of running `cat -n` on {path}:\n{shown}")
+
+    def _create(self, path: str, kind: str | None, file_text: str) -> ToolResult:
+        if kind is not None:
+            return ToolResult(f"File already exists at: {path}. Cannot overwrite files using "
+                              "command `create`.", valid=False)
+        self.sandbox.write_file(path, file_text)
+        self._history.setdefault(path, []).append(None)
+        return ToolResult(f"File created successfully at: {path}")
+
+    def _str_replace(self, path: str, old_str: str, new_str: str) -> ToolResult:
+        text = self.sandbox.read_file(path).expandtabs()
+        old_str, new_str = old_str.expandtabs(), new_str.expandtabs()
+        count = text.count(old_str) if old_str else 0
+        if count == 0:
+            return ToolResult(f"No replacement was performed, old_str `{old_str}` did not appear "
+                              f"verbatim in {path}.", valid=False)
+        if count > 1:
+            starts = [m.start() for m in re.finditer(re.escape(old_str), text)]
+            lines = [text.count("\n", 0, start) + 1 for start in starts]
+            return ToolResult(f"No replacement was performed. Multiple occurrences of old_str "
+                              f"`{old_str}` in lines {lines}. Please ensure it is unique.",
+                              valid=False)
+        self._history.setdefault(path, []).append(self.sandbox.read_file(path))
+        new_text = text.replace(old_str, new_str)
+        self.sandbox.write_file(path, new_text)
+        edit_line = text.split(old_str)[0].count("\n")
+        return ToolResult(self._edited(path, new_text, edit_line, new_str.count("\n")))
+
+    def _insert(self, path: str, insert_line: str, new_str: str) -> ToolResult:
+        text = self.sandbox.read_file(path).expandtabs()
+        lines = text.split("\n")
+        try:
+            at = int(insert_line.strip())
+        except ValueError:
+            at = -1
+        if not 0 <= at <= len(lines):
+            return ToolResult(f"Invalid `insert_line` parameter: {insert_line}. It should be "
+                              f"within the range of lines of the file: [0, {len(lines)}].",
+                              valid=False)
+        self._history.setdefault(path, []).append(self.sandbox.read_file(path))
+        new_lines = new_str.expandtabs().split("\n")
+        new_text = "\n".join(lines[:at] + new_lines + lines[at:])
+        self.sandbox.write_file(path, new_text)
+        return ToolResult(self._edited(path, new_text, at, len(new_lines) - 1))
+
+    def _undo(self, path: str) -> ToolResult:
+        history = self._history.get(path)
+        if not history:
+            return ToolResult(f"No edit history found for {path}.", valid=False)
+        previous = history.pop()
+        if previous is None:
+            self.sandbox.remove_file(path)
+            return ToolResult(f"Last edit to {path} undone successfully (the file it created was "
+                              "removed).")
+        self.sandbox.write_file(path, previous)
+        return ToolResult(f"Last edit to {path} undone successfully. Here's the result of running "
+                          f"`cat -n` on {path}:\n{cut_output(_numbered(previous))}")
+
+    @staticmethod
+    def _edited(path: str, new_text: str, edit_line: int, added_lines: int) -> str:
+        lines = new_text.split("\n")
+        start = max(0, edit_line - _SNIPPET_LINES)
+        end = edit_line + added_lines + _SNIPPET_LINES + 1
+        snippet = _numbered("\n".join(lines[start:end]), start + 1)
+        return (f"The file {path} has been edited. Here's the result of running `cat -n` on a "
+                f"snippet of {path}:\n{snippet}\nReview the changes and make sure they are as "
+                "expected. Edit the file again if necessary.")
+
+
+def _parse_range(value: str) -> tuple[int, int] | None:
+    numbers = re.findall(r"-?\d+", value)
+    if len(numbers) != 2 or re.sub(r"[-\d\s,\[\]()]", "", value):
+        return None
+    return int(numbers[0]), int(numbers[1])
