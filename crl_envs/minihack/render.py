@@ -107,8 +107,8 @@ class FogOfWarView:
         >>> view.update(glyphs, chars, hero_x=11, hero_y=5)
         >>> print(view.render_map())
         Map (top-left cell is x=9, y=3; x grows east, y grows south):
-              01111
-              90123
+             01111
+             90123
            3 ?????
            4 ?###?
            5 ?.@.?
