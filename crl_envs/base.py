@@ -17,7 +17,7 @@ import gymnasium as gym
 from gymnasium.error import ResetNeeded
 from gymnasium.spaces import Text
 
-__all__ = ["TEXT_CHARSET", "MAX_TEXT_LENGTH", "Transition", "TextEnv", "sanitize_text"]
+__all__ = ["TEXT_CHARSET", "MAX_TEXT_LENGTH", "MAX_ACTION_LENGTH", "Transition", "TextEnv", "sanitize_text"]
 
 
 def _printable_charset() -> str:
@@ -37,6 +37,9 @@ def _printable_charset() -> str:
 TEXT_CHARSET: str = _printable_charset()
 _CHARSET_SET = frozenset(TEXT_CHARSET)
 MAX_TEXT_LENGTH: int = 1_000_000
+# Actions a model writes are short; the env still accepts (and rejects) longer strings, but the
+# space is what an agent should sample from (and check_env samples it).
+MAX_ACTION_LENGTH: int = 10_000
 REPLACEMENT_CHAR = "\ufffd"
 
 
@@ -110,7 +113,7 @@ class TextEnv(gym.Env[str, str]):
         self.render_mode = render_mode
         self.reward_mode = reward_mode
         self.observation_space = Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=TEXT_CHARSET)
-        self.action_space = Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=TEXT_CHARSET)
+        self.action_space = Text(max_length=MAX_ACTION_LENGTH, min_length=0, charset=TEXT_CHARSET)
         self._last_observation = ""
         self._needs_reset = True
         self._won = False
