@@ -1,0 +1,65 @@
+"""``crl swe filter RESULTS``: the paper's SWE task filter over a results file of attempts.
+
+Keeps the tasks whose pass rate (successes / attempts, the base model's pass@16 in the paper)
+lies strictly between ``--min-rate`` (0) and ``--max-rate`` (0.8): tasks neither hopeless nor
+already solved, 124 of SWE-bench Verified in the paper. Writes the kept ids one a line (to
+``--out`` or stdout), a file ``SWEBenchEnv(task_ids=...)`` and ``crl eval`` accept as a task
+list. The results format is ``crl_harness.results`` (``crl-results/1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from crl_harness.results import TaskTally, read_attempts, tally
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="swe_command", required=True)
+    keep = sub.add_parser("filter", help="keep tasks with min-rate < pass rate < max-rate",
+                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    keep.add_argument("results", help="results file of attempts (JSON Lines, crl-results/1)")
+    keep.add_argument("--min-rate", type=float, default=0.0,
+                      help="keep tasks whose pass rate is strictly above this (default 0)")
+    keep.add_argument("--max-rate", type=float, default=0.8,
+                      help="keep tasks whose pass rate is strictly below this (default 0.8)")
+    keep.add_argument("--min-attempts", type=int, default=1,
+                      help="ignore tasks with fewer attempts (default 1; the paper uses 16)")
+    keep.add_argument("--out", default=None, help="write the kept ids here (default: stdout)")
+
+
+def select_tasks(tallies: dict[str, TaskTally], min_rate: float = 0.0, max_rate: float = 0.8,
+                 min_attempts: int = 1) -> list[str]:
+    """The task ids with ``min_rate < pass rate < max_rate`` and enough attempts, sorted.
+
+    >>> select_tasks({"a": TaskTally(16, 0), "b": TaskTally(16, 4), "c": TaskTally(16, 13)})
+    ['b']
+    """
+    return sorted(task_id for task_id, entry in tallies.items()
+                  if entry.attempts >= min_attempts and min_rate < entry.pass_rate < max_rate)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0.0 <= args.min_rate < args.max_rate <= 1.0:
+        print(f"crl swe filter: need 0 <= --min-rate < --max-rate <= 1, got {args.min_rate} and "
+              f"{args.max_rate}.", file=sys.stderr)
+        return 2
+    try:
+        tallies = tally(read_attempts(args.results))
+    except (OSError, ValueError) as err:
+        print(f"crl swe filter: {err}", file=sys.stderr)
+        return 2
+    kept = select_tasks(tallies, args.min_rate, args.max_rate, args.min_attempts)
+    too_few = sum(entry.attempts < args.min_attempts for entry in tallies.values())
+    header = (f"# crl swe filter: {len(kept)} of {len(tallies)} tasks with "
+              f"{args.min_rate:g} < pass rate < {args.max_rate:g} "
+              f"(at least {args.min_attempts} attempts; {too_few} had fewer)")
+    text = "\n".join([header, *kept]) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+        print(header.lstrip("# "), f"-> {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
