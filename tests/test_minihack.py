@@ -1,0 +1,191 @@
+"""MiniHack envs on the real NetHack engine: contract, determinism, fog of war, bad input, oracle."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import crl_envs  # noqa: F401  (registers the ids)
+from crl_envs.minihack import MiniHackEnv, make_raw_env
+from crl_envs.minihack.oracle import MiniHackOracle, parse_observation
+from crl_envs.minihack.render import UNEXPLORED
+
+IDS = ["CRL/MiniHackRoom-v0", "CRL/MiniHackMaze-v0", "CRL/MiniHackKeyRoom-v0", "CRL/MiniHackRiver-v0"]
+
+
+def play_oracle(env: gym.Env, seed: int) -> dict:
+    oracle = MiniHackOracle(env)
+    obs, info = env.reset(seed=seed)
+    oracle.reset(obs, info)
+    for _ in range(100):
+        obs, reward, terminated, truncated, info = env.step(oracle.act(obs, info))
+        if terminated or truncated:
+            break
+    return {"obs": obs, "reward": reward, "terminated": terminated, "truncated": truncated, **info}
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_check_env_passes_on_made_and_unwrapped(env_id):
+    env = gym.make(env_id)
+    check_env(env.unwrapped, skip_render_check=False)
+    check_env(env, skip_render_check=False)
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_same_seed_same_first_observation_and_seeds_differ(env_id):
+    env = gym.make(env_id)
+    first, _ = env.reset(seed=7)
+    env.step("south")
+    again, _ = env.reset(seed=7)
+    assert first == again
+    others = {env.reset(seed=seed)[0] for seed in range(8, 14)}
+    assert len(others | {first}) > 1  # the seed really picks the level
+    env.close()
+
+
+def test_reset_accepts_empty_options_and_unseeded_reset():
+    env = gym.make("CRL/MiniHackRoom-v0")
+    obs, info = env.reset(seed=3, options={})
+    assert "You (@) are at" in obs and info["action_valid"]
+    obs, info = env.reset()
+    assert "You (@) are at" in obs
+    env.close()
+
+
+def test_fog_of_war_hides_unseen_cells_and_keeps_remembered_ones():
+    env = gym.make("CRL/MiniHackRoom-v0", variant="dark")
+    obs, _ = env.reset(seed=5)
+    view = parse_observation(obs)
+    hx, hy = view.hero
+    # In a dark room the hero sees only the eight cells around it.
+    drawn = {cell for cell, char in view.cells.items() if char != UNEXPLORED}
+    assert drawn and all(max(abs(x - hx), abs(y - hy)) <= 1 for x, y in drawn)
+    assert any(char == UNEXPLORED for char in view.cells.values())
+    moved = None
+    for action in ("east", "south", "west", "north"):
+        obs, *_ = env.step(action)
+        moved = parse_observation(obs)
+        if moved.hero != view.hero:
+            break
+    assert moved.hero != view.hero
+    for cell in drawn:  # remembered after the hero walked away (the start cell holds no '@' now)
+        assert moved.cells.get(cell, UNEXPLORED) != UNEXPLORED
+    env.close()
+
+
+def test_bad_strings_are_invalid_noops():
+    env = gym.make("CRL/MiniHackKeyRoom-v0")
+    obs, _ = env.reset(seed=2)
+    rng = random.Random(0)
+    look_alikes = ["", " ", "\t\n", "nort", "North!", "go north", "n", "apply key", "apply key up",
+                   "apply north", "pick up", "north north", "nörth", "x" * 1_000_000, "🙂", "\x00"]
+    samples = list(look_alikes)
+    while len(samples) < 1000:
+        length = rng.randint(0, 30)
+        samples.append("".join(chr(rng.randint(0, 0x2FFF)) for _ in range(length)))
+    env.unwrapped.action_space.seed(0)
+    start_map = parse_observation(obs).cells
+    for text in samples:
+        obs, reward, terminated, truncated, info = env.unwrapped.step(text)
+        assert info["action_valid"] is False, text[:40]
+        assert obs.startswith("Invalid action:") and "Valid actions: north" in obs
+        assert reward == 0.0 and not terminated and not truncated
+    # Nothing moved: a valid no-time step shows the same map.
+    obs, *_ = env.unwrapped.step("pickup")
+    assert parse_observation(obs).cells == start_map
+    env.close()
+
+
+def test_actions_are_case_insensitive_and_non_strings_raise():
+    env = gym.make("CRL/MiniHackRoom-v0", variant="plain")
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("  SouTH ")
+    assert info["action_valid"] is True
+    with pytest.raises(TypeError):
+        env.step(3)
+    with pytest.raises(TypeError):
+        env.step(None)
+    env.close()
+
+
+def test_truncation_at_30_steps_is_truncated_not_terminated():
+    env = gym.make("CRL/MiniHackRoom-v0", variant="plain")  # start top-left, stairs bottom-right
+    env.reset(seed=0)
+    for step in range(1, 31):
+        _, reward, terminated, truncated, info = env.step("northwest")
+        assert not terminated and reward == 0.0
+        assert truncated == (step == 30)
+    env.close()
+
+
+def test_unknown_task_or_variant_raises_with_the_choices():
+    with pytest.raises(ValueError, match="dark"):
+        MiniHackEnv(task="room", variant="huge")
+    with pytest.raises(ValueError, match="keyroom"):
+        MiniHackEnv(task="castle")
+
+
+def test_keyroom_pickup_apply_and_door_through_the_real_game():
+    env = gym.make("CRL/MiniHackKeyRoom-v0")
+    result = play_oracle(env, seed=0)
+    assert result["won"] and result["reward"] == 1.0 and result["terminated"]
+    assert "Outcome: you reached the staircase down" in result["obs"]
+    assert "Map (top-left" in result["obs"]  # the last picture survives the end of the game
+    obs, _ = env.reset(seed=0)
+    _, _, _, _, info = env.step("apply key west")
+    assert info["action_valid"] is False  # no key yet
+    env.close()
+
+
+def test_close_frees_the_nethack_process_files():
+    env = MiniHackEnv(task="maze")
+    env.reset(seed=0)
+    vardir = env._nle.nethack._vardir
+    assert os.path.isdir(vardir)
+    env.close()
+    assert not os.path.exists(vardir)
+    env.close()  # twice is fine
+
+
+def test_make_raw_env_is_the_upstream_minihack_env():
+    raw = make_raw_env("room", "ultimate")
+    assert type(raw).__name__ == "MiniHackRoom5x5Ultimate"
+    obs, info = raw.reset()
+    assert "chars" in obs and info["end_status"] == 0
+    raw.close()
+
+
+def test_render_ansi_returns_the_observation():
+    env = gym.make("CRL/MiniHackMaze-v0", render_mode="ansi")
+    obs, _ = env.reset(seed=1)
+    assert env.render() == obs
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", ["CRL/MiniHackRoom-v0", "CRL/MiniHackMaze-v0", "CRL/MiniHackKeyRoom-v0"])
+def test_oracle_solves_most_seeds_within_30_steps(env_id):
+    env = gym.make(env_id)
+    wins = sum(play_oracle(env, seed)["won"] for seed in range(1000, 1020))
+    env.close()
+    assert wins >= 18, f"{env_id}: oracle won {wins}/20"
+
+
+def test_oracle_on_river_plays_valid_actions():
+    env = gym.make("CRL/MiniHackRiver-v0")
+    result = play_oracle(env, seed=0)
+    assert result["action_valid"] and (result["terminated"] or result["truncated"])
+    env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_id", ["CRL/MiniHackRoom-v0", "CRL/MiniHackMaze-v0", "CRL/MiniHackKeyRoom-v0"])
+def test_oracle_rate_over_200_seeds(env_id):
+    env = gym.make(env_id)
+    wins = sum(play_oracle(env, seed)["won"] for seed in range(200))
+    env.close()
+    assert wins >= 180, f"{env_id}: oracle won {wins}/200"
