@@ -149,14 +149,16 @@ class ExperienceConfig:
 
     k: int = 1
     """entries retrieved per guided episode (released: top-1)"""
-    placement: Literal["instructions", "observation"] = "instructions"
-    """where retrieved experience goes (released: the system prompt)"""
     capacity: int = 20_000
     """bank entries, first-in-first-out eviction"""
     merge_every: int = 5
     """actor steps between merge passes"""
     max_concurrent_extractions: int = 4
-    """extractor calls the manager runs at once"""
+    """extractor calls the manager runs at once (they are batched into one generate call)"""
+    retrieval: Literal["bm25", "dense"] = "bm25"
+    """released: dense embeddings; bm25 needs no embedding model"""
+    max_transcript_chars: int = 12_000
+    """longer transcripts keep their head and tail in the extractor's prompt"""
     actor_critic_gate: bool = False
     """the actor judges retrieved experience first (accept / refine / reject)"""
     search_and_ask: bool = False
@@ -294,6 +296,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                        ("experience.k", cfg.experience.k),
                        ("experience.capacity", cfg.experience.capacity),
                        ("experience.merge_every", cfg.experience.merge_every),
+                       ("experience.max_transcript_chars", cfg.experience.max_transcript_chars),
                        ("experience.max_concurrent_extractions",
                         cfg.experience.max_concurrent_extractions)):
         if value < 1:

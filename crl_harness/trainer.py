@@ -1,0 +1,371 @@
+"""The Complementary RL training loop (PAPER.md), top to bottom.
+
+Holds ``Trainer``. One step:
+
+1. flush the Experience Manager (pending bank updates land before the rollout phase);
+2. draw ``groups_per_step`` task seeds from the mixture; G rollouts per seed, the first
+   ``guided_per_group`` with retrieved experience, the others without;
+3. update the actor with GRPO, advantages inside each (seed, guided/free) subgroup; the actor is
+   frozen for the first ``warmup_steps`` steps while the bank fills;
+4. send the finished guided trajectories to the Experience Manager (the background track
+   distils them into the bank with the extractor);
+5. drain the extractor's generation rewards (credited by use); once ``train_after`` are
+   buffered, update the extractor with CISPO (arm ``co-evolve`` only);
+6. every ``merge_every`` steps, queue a merge pass over the bank;
+7. push the new weights to the rollout backend (a no-op in one process: the learners train the
+   backends' own models), log metrics, checkpoint every ``checkpoint_every`` steps.
+
+The arm (``co-evolve``, ``static``, ``none``) changes only which of these run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from crl_harness.config import TrainConfig, config_to_dict
+from crl_harness.experience import DistillationRequest, GenerationReward
+from crl_harness.losses import (
+    cispo_loss,
+    extractor_advantages,
+    grpo_loss,
+    sequence_token_weights,
+    subgroup_advantages,
+)
+from crl_harness.models import load_backend
+from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
+from crl_harness.training.checkpoint import Checkpointer, rng_state, set_rng_state
+from crl_harness.training.experience_service import ExperienceService
+from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats
+from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
+from crl_harness.training.sampler import TaskSampler
+
+__all__ = ["Trainer", "ResumeError"]
+
+
+class ResumeError(RuntimeError):
+    """``--resume`` found nothing to resume from, or a checkpoint of another run."""
+
+
+def _short(env_id: str) -> str:
+    return env_id.split("/")[-1].removesuffix("-v0")
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else float("nan")
+
+
+class Trainer:
+    """Runs a ``TrainConfig``: ``Trainer(cfg).train()``; ``resume=True`` continues the run in
+    ``cfg.run.output_dir`` from its latest checkpoint (models, optimisers, bank, RNG, step)."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool = False,
+                 on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run.output_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.on_step = on_step
+        if cfg.run.torch_threads:
+            torch.set_num_threads(cfg.run.torch_threads)
+        self._seed_everything(cfg.run.seed)
+        self.checkpoints = Checkpointer(self.run_dir, keep=cfg.run.keep_checkpoints)
+        checkpoint = self._checkpoint_to_resume() if resume else None
+        if checkpoint is None and resume:
+            raise ResumeError(f"--resume: no checkpoint under {self.checkpoints.root}; start the "
+                              "run without --resume.")
+        (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
+
+        # The actor: a backend that generates and a learner that trains the same model object.
+        self.actor_backend = load_backend(cfg.actor.model)
+        self.actor = PolicyLearner(
+            self.actor_backend.model, lr=cfg.actor.lr, max_grad_norm=cfg.actor.max_grad_norm,
+            temperature=cfg.actor.temperature, micro_batch_size=cfg.actor.micro_batch_size,
+            lora=cfg.actor.lora)
+
+        # The extractor and the bank (not in the arm without experience).
+        self.experience: ExperienceService | None = None
+        self.extractor: PolicyLearner | None = None
+        if cfg.uses_experience:
+            spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
+            extractor_backend = load_backend(spec)  # with "same": a second copy of the base model
+            if cfg.trains_extractor:
+                self.extractor = PolicyLearner(
+                    extractor_backend.model, lr=cfg.extractor.lr,
+                    max_grad_norm=cfg.extractor.max_grad_norm,
+                    temperature=cfg.extractor.temperature,
+                    micro_batch_size=cfg.extractor.micro_batch_size, lora=cfg.extractor.lora)
+            if checkpoint is not None:
+                ExperienceService.restore_bank(self.run_dir, checkpoint)
+            self.experience = ExperienceService(
+                self.run_dir, cfg.experience, extractor_backend,
+                max_new_tokens=cfg.extractor.max_new_tokens,
+                temperature=cfg.extractor.temperature, top_p=cfg.extractor.top_p,
+                seed=cfg.run.seed)
+
+        self.rollouts = RolloutEngine(self.actor_backend, retriever=self.experience,
+                                      config=self._rollout_config())
+        self.sampler = TaskSampler(cfg.tasks, cfg.run.seed)
+        self.extractor_buffer: list[GenerationReward] = []
+        self.counters: dict[str, float] = defaultdict(float)
+        self.step = 0
+        if checkpoint is not None:
+            self._load_checkpoint(checkpoint)
+        self.metrics = MetricsLogger(self.run_dir, tensorboard=cfg.run.tensorboard,
+                                     resume_step=self.step if resume else None)
+
+    # ================================================================== the loop
+    def train(self) -> dict[str, float]:
+        """Run the remaining steps; returns the last step's metrics."""
+        last: dict[str, float] = {}
+        try:
+            while self.step < self.cfg.run.steps:
+                self.step += 1
+                last = self.train_step(self.step)
+                self.metrics.log(self.step, last)
+                if self.on_step is not None:
+                    self.on_step(self.step, last)
+                if self.step % self.cfg.run.checkpoint_every == 0 or self.step == self.cfg.run.steps:
+                    self.save_checkpoint()
+            plot_learning_curve(self.metrics.path, self.run_dir / "learning_curve.png",
+                                title=f"{self.cfg.name} (arm: {self.cfg.arm})")
+        finally:
+            self.close()
+        return last
+
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg, times = self.cfg, {}
+
+        # 1. Pending bank updates land before the rollout phase.
+        t0 = time.perf_counter()
+        if self.experience is not None:
+            self.experience.flush()
+        times["flush"] = time.perf_counter() - t0
+
+        # 2. Rollouts: G per task seed, the first guided_per_group of each group with experience.
+        t0 = time.perf_counter()
+        specs = self._episode_specs(step)
+        trajectories = [t for t in self.rollouts.run(specs) if not t.error]
+        times["rollout"] = time.perf_counter() - t0
+
+        # 3. Actor: GRPO with advantages inside each subgroup, frozen during warm-up.
+        t0 = time.perf_counter()
+        actor_stats = None
+        if step > cfg.actor.warmup_steps:
+            actor_stats = self.actor.update(
+                self._actor_rows(trajectories),
+                functools.partial(grpo_loss, clip_eps=cfg.actor.clip_eps))
+        times["actor_update"] = time.perf_counter() - t0
+
+        # 4. Finished guided trajectories go to the Experience Manager (background distillation).
+        if self.experience is not None:
+            self.experience.submit([
+                DistillationRequest(t.env_id, t.task, t.transcript, t.won, t.score,
+                                    list(t.experience_ids), step)
+                for t in trajectories if t.use_experience])
+
+        # 5. Extractor: generation rewards, credited by use; CISPO once enough are buffered.
+        t0 = time.perf_counter()
+        extractor_stats = None
+        if self.experience is not None:
+            drained = self.experience.drain_generation_rewards()
+            self.counters["extractor/generations_rewarded"] += len(drained)
+            if self.extractor is not None:
+                self.extractor_buffer.extend(drained)
+                if len(self.extractor_buffer) >= cfg.extractor.train_after:
+                    extractor_stats = self._update_extractor(self.extractor_buffer)
+                    self.extractor_buffer = []
+        times["extractor_update"] = time.perf_counter() - t0
+
+        # 6. Merge pass over every partition of the bank.
+        if self.experience is not None and step % cfg.experience.merge_every == 0:
+            self.counters["bank/merge_chunks"] += self.experience.merge_pass()
+
+        # 7. New weights reach the rollout backend: the learners trained the backends' own
+        #    models in place, so nothing moves in one process.
+        return self._step_metrics(trajectories, actor_stats, extractor_stats, times)
+
+    # ================================================================== steps of the loop
+    def _episode_specs(self, step: int) -> list[EpisodeSpec]:
+        t = self.cfg.tasks
+        guided = t.guided_per_group if self.cfg.uses_experience else 0
+        return [
+            EpisodeSpec(draw.env_id, draw.seed, group_id=index, use_experience=j < guided,
+                        options=dict(t.envs[draw.env_index].options) or None)
+            for index, draw in enumerate(self.sampler.sample(step))
+            for j in range(t.group_size)
+        ]
+
+    def _actor_rows(self, trajectories: list[Trajectory]) -> list[TrainingRow]:
+        """One row per turn; the trajectory is the sequence of "sequence-mean then batch-mean"."""
+        if not trajectories:
+            return []
+        advantages = subgroup_advantages(
+            [t.reward for t in trajectories],
+            [(t.group_id, t.use_experience) for t in trajectories],
+            normalize_std=self.cfg.actor.normalize_std)
+        weights = sequence_token_weights(
+            torch.tensor([t.generated_tokens for t in trajectories]))
+        rows = []
+        for traj, advantage, weight in zip(trajectories, advantages.tolist(), weights.tolist(),
+                                           strict=True):
+            if advantage == 0.0:  # contributes exactly nothing to the loss or its gradient
+                continue
+            rows.extend(TrainingRow(turn.prompt_token_ids, turn.token_ids, turn.logprobs,
+                                    advantage, weight) for turn in traj.turns if turn.token_ids)
+        return rows
+
+    def _update_extractor(self, buffer: list[GenerationReward]) -> UpdateStats | None:
+        usable = [g for g in buffer if getattr(g.output, "token_ids", None)]
+        if not usable:
+            return None
+        uses = [max(g.n_uses, 1) if self.cfg.extractor.repeat_by_uses else 1 for g in usable]
+        advantages = extractor_advantages([g.reward for g in usable], uses)
+        sequence_weight = torch.tensor(uses, dtype=torch.float32) / sum(uses)
+        weights = sequence_token_weights(
+            torch.tensor([len(g.output.token_ids) for g in usable]), sequence_weight)
+        rows = [TrainingRow(g.output.prompt_token_ids, g.output.token_ids, g.output.logprobs,
+                            a, w)
+                for g, a, w in zip(usable, advantages.tolist(), weights.tolist(), strict=True)
+                if a != 0.0]
+        loss = functools.partial(cispo_loss, eps_low=self.cfg.extractor.eps_low,
+                                 eps_high=self.cfg.extractor.eps_high)
+        assert self.experience is not None and self.extractor is not None
+        with self.experience.generator.weights_lock:  # no extractor call sees half an update
+            stats = self.extractor.update(rows, loss)
+        self.counters["extractor/updates"] += int(stats.rows > 0)
+        return stats
+
+    def _step_metrics(self, trajectories: list[Trajectory], actor: UpdateStats | None,
+                      extractor: UpdateStats | None, times: dict[str, float]) -> dict[str, float]:
+        m: dict[str, float] = {}
+        won = [float(t.won) for t in trajectories]
+        m["success/all"] = _mean(won)
+        m["reward/all"] = _mean([t.reward for t in trajectories])
+        if self.cfg.uses_experience:
+            for name, flag in (("guided", True), ("free", False)):
+                part = [t for t in trajectories if t.use_experience == flag]
+                m[f"success/{name}"] = _mean([float(t.won) for t in part])
+                m[f"reward/{name}"] = _mean([t.reward for t in part])
+        by_env: dict[str, list[float]] = defaultdict(list)
+        for t in trajectories:
+            by_env[_short(t.env_id)].append(float(t.won))
+        for env, values in by_env.items():
+            m[f"success/{env}"] = _mean(values)
+        turns = sum(t.steps for t in trajectories)
+        m["rollout/format_failure_rate"] = sum(t.format_failures for t in trajectories) / max(turns, 1)
+        m["rollout/generated_tokens"] = sum(t.generated_tokens for t in trajectories)
+        m["rollout/episodes"] = len(trajectories)
+        if actor is not None:
+            m["loss/actor"] = actor.loss
+            m["clip/actor"] = actor.clip_fraction
+            m["grad_norm/actor"] = actor.grad_norm
+        if extractor is not None:
+            m["loss/extractor"] = extractor.loss
+            m["clip/extractor"] = extractor.clip_fraction
+            m["grad_norm/extractor"] = extractor.grad_norm
+            m["extractor/trained_generations"] = extractor.rows
+        if self.experience is not None:
+            stats = self.experience.stats()
+            m["bank/size"] = stats["bank_size"]
+            m["extractor/format_failures"] = stats["format_failures"]
+            m["extractor/distillations"] = stats["distillations"]
+            m["extractor/buffered"] = len(self.extractor_buffer)
+            m["experience/retrieved_per_guided"] = _mean(
+                [len(t.experience_ids) for t in trajectories if t.use_experience])
+        m.update(self.counters)
+        for key, value in times.items():
+            m[f"time/{key}"] = value
+        return m
+
+    # ================================================================== checkpoints
+    def save_checkpoint(self) -> Path:
+        """Atomically write models, optimisers, bank, extractor buffer, RNG states and step."""
+        return self.checkpoints.save(self.step, self._write_checkpoint)
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        torch.save({"model": self.actor.trainable_state_dict(),
+                    "optimizer": self.actor.optimizer.state_dict()}, directory / "actor.pt")
+        if self.extractor is not None:
+            torch.save({"model": self.extractor.trainable_state_dict(),
+                        "optimizer": self.extractor.optimizer.state_dict()},
+                       directory / "extractor.pt")
+        bank_entries = self.experience.export_state(directory) if self.experience else 0
+        torch.save({"extractor_buffer": self.extractor_buffer, "rng": rng_state()},
+                   directory / "trainer_state.pt")
+        # A plain transformers checkpoint of the actor, so `crl eval hf:DIR` can load it.
+        if self.actor.lora is None:
+            self.actor_backend.model.save_pretrained(directory / "actor_hf")
+            self.actor_backend.tokenizer.save_pretrained(directory / "actor_hf")
+        (directory / "state.json").write_text(json.dumps({
+            "step": self.step, "name": self.cfg.name, "arm": self.cfg.arm,
+            "bank_entries": bank_entries, "counters": dict(self.counters),
+        }, indent=2))
+
+    def _checkpoint_to_resume(self) -> Path | None:
+        checkpoint = self.checkpoints.latest()
+        if checkpoint is None:
+            return None
+        state = json.loads((checkpoint / "state.json").read_text())
+        if state["arm"] != self.cfg.arm:
+            raise ResumeError(f"{checkpoint} is a checkpoint of arm '{state['arm']}', not "
+                              f"'{self.cfg.arm}'; resume with the same config.")
+        return checkpoint
+
+    def _load_checkpoint(self, checkpoint: Path) -> None:
+        state = json.loads((checkpoint / "state.json").read_text())
+        actor = torch.load(checkpoint / "actor.pt", weights_only=False)
+        self.actor.load_trainable_state_dict(actor["model"])
+        self.actor.optimizer.load_state_dict(actor["optimizer"])
+        if self.extractor is not None:
+            extractor = torch.load(checkpoint / "extractor.pt", weights_only=False)
+            self.extractor.load_trainable_state_dict(extractor["model"])
+            self.extractor.optimizer.load_state_dict(extractor["optimizer"])
+        if self.experience is not None:
+            self.experience.import_ledger(checkpoint)
+        trainer_state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+        self.extractor_buffer = trainer_state["extractor_buffer"]
+        set_rng_state(trainer_state["rng"])
+        self.counters.update(state["counters"])
+        self.step = int(state["step"])
+
+    # ================================================================== plumbing
+    def _rollout_config(self) -> RolloutConfig:
+        cfg = self.cfg
+        env_kwargs: dict[str, dict[str, Any]] = {}
+        for entry in cfg.tasks.envs:
+            if entry.id in env_kwargs and env_kwargs[entry.id] != entry.kwargs:
+                raise ValueError(f"tasks.envs lists {entry.id} twice with different kwargs; "
+                                 "the rollout engine keeps one set of kwargs per env id.")
+            env_kwargs[entry.id] = dict(entry.kwargs)
+        return RolloutConfig(
+            max_new_tokens=cfg.actor.max_new_tokens, temperature=cfg.actor.temperature,
+            top_p=cfg.actor.top_p, max_live=cfg.tasks.groups_per_step * cfg.tasks.group_size,
+            workers=cfg.run.rollout_workers, experience_k=cfg.experience.k,
+            # seed=None: sampling draws from torch's global RNG, which checkpoints carry.
+            seed=None, env_kwargs=env_kwargs)
+
+    @staticmethod
+    def _seed_everything(seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+
+    def close(self) -> None:
+        """Stop the background track and free the envs; the metrics file stays complete."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        self.rollouts.close()
+        if self.experience is not None:
+            self.experience.close()
+        self.metrics.close()
+

@@ -1,0 +1,204 @@
+"""The experience side of a training run as one object: the bank, its Experience Manager and the
+extractor's batched generation, with checkpoint export and restore.
+
+Holds ``BatchedGenerator`` (the extractor callable the manager calls from several threads; the
+calls are gathered into one batched ``generate``) and ``ExperienceService``. The same class runs
+in the trainer's process or as a Ray actor (``crl_harness.training.ray_backend``): every public
+method takes and returns plain, picklable data.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from crl_harness.config import ExperienceConfig
+from crl_harness.experience import (
+    DistillationRequest,
+    ExperienceBank,
+    ExperienceManager,
+    GenerationReward,
+    ManagerConfig,
+)
+from crl_harness.experience.retrieval import RetrievalConfig
+from crl_harness.models.base import Generation, ModelBackend
+
+__all__ = ["BatchedGenerator", "ExperienceService"]
+
+BANK_FILE = "bank.sqlite"
+BANK_EXPORT = "bank.jsonl"
+LEDGER_FILE = "credit_ledger.pkl"
+
+
+class BatchedGenerator:
+    """``prompt -> Generation`` for the Experience Manager's extractor threads.
+
+    Prompts that arrive together are answered by one batched ``generate`` call. ``weights_lock``
+    is held while generating, so an optimiser step taken under it never lands mid-generation.
+    """
+
+    def __init__(self, backend: ModelBackend, *, max_new_tokens: int, temperature: float,
+                 top_p: float, max_batch: int = 8) -> None:
+        self.backend = backend
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_batch = max_batch
+        self.weights_lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="extractor-generate")
+        self._thread.start()
+
+    def __call__(self, prompt: str) -> Generation:
+        future: Future = Future()
+        self._queue.put((prompt, future))
+        return future.result()
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            try:  # the manager's threads submit within milliseconds of each other
+                while len(batch) < self.max_batch:
+                    item = self._queue.get(timeout=0.05)
+                    if item is None:
+                        self._queue.put(None)
+                        break
+                    batch.append(item)
+            except queue.Empty:
+                pass
+            try:
+                with self.weights_lock:
+                    generations = self.backend.generate(
+                        [[{"role": "user", "content": prompt}] for prompt, _ in batch],
+                        max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                        top_p=self.top_p)
+                for (_, future), generation in zip(batch, generations, strict=True):
+                    future.set_result(generation)
+            except BaseException as err:  # the callers get the error instead of waiting forever
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(err)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
+class ExperienceService:
+    """The bank (``run_dir/bank.sqlite``), an ``ExperienceManager`` and the extractor.
+
+    ``extractor`` is a backend object (in one process: the very model the extractor learner
+    trains) or a backend spec (a Ray actor builds its own copy and receives new weights through
+    ``load_extractor_weights``).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, config: ExperienceConfig,
+                 extractor: ModelBackend | str, *, max_new_tokens: int, temperature: float,
+                 top_p: float, seed: int = 0, lora: Any = None) -> None:
+        if isinstance(extractor, str):
+            from crl_harness.models import load_backend
+
+            extractor = load_backend(extractor)
+            if lora is not None and lora.enabled:
+                from crl_harness.training.learner import apply_lora
+
+                apply_lora(extractor.model, lora)
+        self.backend = extractor
+        self.run_dir = Path(run_dir)
+        self.bank = ExperienceBank(self.run_dir / BANK_FILE, capacity=config.capacity)
+        self.generator = BatchedGenerator(extractor, max_new_tokens=max_new_tokens,
+                                          temperature=temperature, top_p=top_p,
+                                          max_batch=config.max_concurrent_extractions)
+        self.manager = ExperienceManager(self.bank, self.generator, ManagerConfig(
+            retrieval=RetrievalConfig(backend=config.retrieval),
+            max_concurrent_extractions=config.max_concurrent_extractions,
+            max_transcript_chars=config.max_transcript_chars,
+            seed=seed,
+        ))
+
+    # ------------------------------------------------------------ the manager's interface
+    def retrieve(self, env_id: str, query: str, k: int = 1) -> list:
+        return self.manager.retrieve(env_id, query, k)
+
+    def report_outcome(self, entry_ids: list[str], score: float) -> None:
+        self.manager.report_outcome(entry_ids, score)
+
+    def submit(self, requests: list[DistillationRequest]) -> None:
+        for request in requests:
+            self.manager.submit(request)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self.manager.flush(timeout)
+
+    def merge_pass(self) -> int:
+        return self.manager.merge_pass()
+
+    def drain_generation_rewards(self) -> list[GenerationReward]:
+        return self.manager.drain_generation_rewards()
+
+    def stats(self) -> dict[str, Any]:
+        return self.manager.stats()
+
+    # ------------------------------------------------------------ weights
+    def load_extractor_weights(self, state: dict[str, Any], lora: bool = False) -> None:
+        """New extractor weights for a copy living apart from the learner (a Ray actor)."""
+        with self.generator.weights_lock:
+            if lora:
+                from peft import set_peft_model_state_dict
+
+                set_peft_model_state_dict(self.backend.model, state)
+            else:
+                self.backend.load_weights(state)
+
+    # ------------------------------------------------------------ checkpoints
+    def export_state(self, directory: str | os.PathLike) -> int:
+        """Flush, then write the bank (JSONL) and the generations awaiting credit to
+        ``directory``; returns the number of entries."""
+        directory = Path(directory)
+        self.manager.flush()
+        n = self.bank.export_jsonl(directory / BANK_EXPORT)
+        ledger = self.manager.ledger
+        with ledger._lock:  # the ledger has no export of its own: copy its records under its lock
+            records = list(ledger._records.items())
+        with open(directory / LEDGER_FILE, "wb") as handle:
+            pickle.dump(records, handle)
+        return n
+
+    def import_ledger(self, directory: str | os.PathLike) -> None:
+        path = Path(directory) / LEDGER_FILE
+        if path.exists():
+            with open(path, "rb") as handle:
+                records = pickle.load(handle)
+            ledger = self.manager.ledger
+            with ledger._lock:
+                ledger._records.clear()
+                ledger._records.update(records)
+
+    @staticmethod
+    def restore_bank(run_dir: str | os.PathLike, checkpoint: str | os.PathLike) -> None:
+        """Replace ``run_dir``'s bank by the checkpoint's export (before the service opens it):
+        what the extractor wrote after the checkpoint is undone, as the steps are re-run."""
+        run_dir = Path(run_dir)
+        for suffix in ("", "-wal", "-shm"):
+            (run_dir / f"{BANK_FILE}{suffix}").unlink(missing_ok=True)
+        export = Path(checkpoint) / BANK_EXPORT
+        if export.exists():
+            bank = ExperienceBank(run_dir / BANK_FILE)
+            try:
+                bank.import_jsonl(export)
+            finally:
+                bank.close()
+
+    def close(self) -> None:
+        self.manager.close()
+        self.generator.close()
+        self.bank.close()
+
