@@ -114,7 +114,8 @@ BankChange = AddEntry | DeleteEntries | VoteEntry
 
 @dataclass
 class ApplyResult:
-    """What one ``apply`` transaction did."""
+    """What one ``apply`` transaction did (``added`` also lists entries that the same
+    transaction evicted again, which ``evicted`` lists too)."""
 
     added: list[ExperienceEntry] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
@@ -283,7 +284,7 @@ class ExperienceBank:
             result.envs.update(entry.env_id for entry in added)
             for entry_id in gone:
                 self._mirror_remove(entry_id)
-            result.added = [entry for entry in added if entry.id not in gone]
+            result.added = added
             self.evictions += len(result.evicted)
         return result
 

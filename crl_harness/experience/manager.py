@@ -2,8 +2,8 @@
 infrastructure").
 
 Holds:
-- ``ReadWriteLock``: shared readers, exclusive writers, and a waiting writer blocks new readers
-  (so writers are not starved).
+- ``ReadWriteLock``: shared readers, exclusive writers, phase-fair (a waiting writer blocks new
+  readers, so writers are not starved; readers waiting at a write release go next).
 - ``DistillationRequest``: one finished episode sent for distillation.
 - ``ManagerConfig``: every setting of the manager.
 - ``ExperienceManager``:
@@ -79,7 +79,10 @@ Extractor = Callable[[str], Any]
 
 
 class ReadWriteLock:
-    """Many readers or one writer; a waiting writer keeps new readers out.
+    """Many readers or one writer, phase-fair: neither side starves.
+
+    A waiting writer keeps new readers out; when a writer releases, the readers that were
+    waiting enter before the next writer.
 
     Example:
         >>> lock = ReadWriteLock()
@@ -95,12 +98,23 @@ class ReadWriteLock:
         self._readers = 0
         self._writer = False
         self._waiting_writers = 0
+        self._waiting_readers = 0
+        self._releases = 0  # write releases so far
+        self._admitting = 0  # readers let in by the last write release, not yet entered
 
     @contextmanager
     def read(self) -> Iterator[None]:
         with self._cond:
-            while self._writer or self._waiting_writers:
-                self._cond.wait()
+            if self._writer or self._waiting_writers:
+                self._waiting_readers += 1
+                seen = self._releases
+                while self._writer or (self._waiting_writers and self._releases == seen):
+                    self._cond.wait()
+                self._waiting_readers -= 1
+                if self._releases != seen and self._admitting:
+                    self._admitting -= 1
+                    if not self._admitting:
+                        self._cond.notify_all()
             self._readers += 1
         try:
             yield
@@ -114,7 +128,7 @@ class ReadWriteLock:
     def write(self) -> Iterator[None]:
         with self._cond:
             self._waiting_writers += 1
-            while self._writer or self._readers:
+            while self._writer or self._readers or self._admitting:
                 self._cond.wait()
             self._waiting_writers -= 1
             self._writer = True
@@ -123,6 +137,8 @@ class ReadWriteLock:
         finally:
             with self._cond:
                 self._writer = False
+                self._releases += 1
+                self._admitting = self._waiting_readers
                 self._cond.notify_all()
 
 

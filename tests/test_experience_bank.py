@@ -1,0 +1,154 @@
+"""ExperienceBank: operations, FIFO capacity, persistence, JSONL, and survival of ``kill -9``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from crl_harness.experience import AddEntry, DeleteEntries, ExperienceBank, VoteEntry
+
+ENV = "CRL/Sokoban-v0"
+
+
+@pytest.fixture
+def bank(tmp_path):
+    with ExperienceBank(tmp_path / "bank.sqlite", capacity=100) as bank:
+        yield bank
+
+
+def test_add_update_delete_vote(bank):
+    a = bank.add(ENV, "Corners", "Never push a box into a corner.", generation_id="g1", step=3)
+    b = bank.add(ENV, "Walls", "A box against a wall stays there.", generation_id="g1")
+    c = bank.add("CRL/MiniHackRoom-v0", "Stairs", "Walk to > and you win.")
+    assert (a.generation_id, a.created_step, a.retrieval_count, a.votes) == ("g1", 3, 0, 0)
+    assert [e.id for e in bank.entries(ENV)] == [a.id, b.id]
+    assert sorted(bank.env_ids()) == sorted([ENV, "CRL/MiniHackRoom-v0"])
+
+    merged = bank.update([a.id, b.id], ENV, "Dead squares", "Corners and walls trap boxes.",
+                         generation_id="g2")
+    assert bank.get(a.id) is None and bank.get(b.id) is None
+    assert [e.title for e in bank.entries(ENV)] == ["Dead squares"]
+    assert merged.generation_id == "g2"
+
+    assert bank.vote(merged.id, +1) is False and bank.get(merged.id).votes == 1
+    assert bank.vote(merged.id, -1) is False and bank.get(merged.id).votes == 0
+    assert bank.vote(merged.id, -1) is True and merged.id not in bank  # negative votes delete
+    assert bank.delete([c.id, "no-such-id"]) == 1
+    assert len(bank) == 0
+
+
+def test_apply_is_one_transaction(bank):
+    keep = bank.add(ENV, "Keep", "kept")
+    with pytest.raises(TypeError):
+        bank.apply([DeleteEntries((keep.id,)), AddEntry(ENV, "New", "new"), "not a change"])
+    # The failed transaction left nothing behind, neither on disk nor in memory.
+    assert [e.id for e in bank.entries()] == [keep.id]
+    assert bank._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0] == 1
+    result = bank.apply([VoteEntry("gone", 1), DeleteEntries((keep.id,)), AddEntry(ENV, "N", "n")])
+    assert result.missing == ["gone"] and result.deleted == [keep.id] and len(result.added) == 1
+    assert result.envs == {ENV}
+
+
+def test_fifo_eviction_at_capacity(tmp_path):
+    with ExperienceBank(tmp_path / "b.sqlite", capacity=5) as bank:
+        ids = [bank.add(ENV, f"t{i}", f"c{i}").id for i in range(8)]
+        assert [e.id for e in bank.entries()] == ids[3:]
+        assert bank.evictions == 3
+        result = bank.apply([AddEntry(ENV, "x", "x"), AddEntry(ENV, "y", "y")])
+        assert result.evicted == ids[3:5]
+    with ExperienceBank(tmp_path / "b.sqlite", capacity=3) as smaller:  # reopen with less room
+        assert [e.title for e in smaller.entries()] == ["t7", "x", "y"]
+
+
+def test_persistence_and_retrieval_counts(tmp_path):
+    path = tmp_path / "bank.sqlite"
+    with ExperienceBank(path) as bank:
+        entry = bank.add(ENV, "Corners", "Never push a box into a corner.")
+        bank.record_retrievals([entry.id, "unknown"], when=123.0)
+        bank.record_retrievals([entry.id], when=456.0)
+    with ExperienceBank(path) as bank:
+        again = bank.get(entry.id)
+        assert (again.title, again.content) == ("Corners", "Never push a box into a corner.")
+        assert (again.retrieval_count, again.last_retrieved_at) == (2, 456.0)
+
+
+def test_jsonl_round_trip_and_bad_file(tmp_path):
+    with ExperienceBank(tmp_path / "a.sqlite") as source:
+        for i in range(5):
+            source.add(ENV, f"title {i}", f"content {i} with \"quotes\" and ünïcode",
+                       generation_id=f"g{i}")
+        assert source.export_jsonl(tmp_path / "bank.jsonl") == 5
+        exported = source.entries()
+    with ExperienceBank(tmp_path / "b.sqlite") as target:
+        assert target.import_jsonl(tmp_path / "bank.jsonl") == 5
+        assert target.import_jsonl(tmp_path / "bank.jsonl") == 0  # same ids: skipped
+        assert target.entries() == exported
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({"id": "x", "env_id": ENV, "title": "t", "content": "c"})
+                       + "\n{not json\n")
+        with pytest.raises(ValueError, match="bad.jsonl:2"):
+            target.import_jsonl(bad)
+        assert "x" not in target  # nothing of a bad file is added
+
+
+def test_bad_settings_raise_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="capacity"):
+        ExperienceBank(tmp_path / "x.sqlite", capacity=0)
+    with pytest.raises(ValueError, match="synchronous"):
+        ExperienceBank(tmp_path / "x.sqlite", synchronous="OFF")
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from crl_harness.experience import ExperienceBank
+    bank = ExperienceBank(sys.argv[1])
+    i = 0
+    while True:
+        entry = bank.add("CRL/Sokoban-v0", f"title {i}", f"content {i} " + "x" * (i % 500))
+        if i % 7 == 3:
+            bank.update([entry.id], "CRL/Sokoban-v0", f"title {i}", f"content {i} " + "x" * (i % 500))
+        else:
+            print(entry.id, i, flush=True)  # acknowledged: the commit returned
+        i += 1
+""")
+
+
+def test_acknowledged_writes_survive_sigkill(tmp_path):
+    path = tmp_path / "crash.sqlite"
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE,
+                             text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    acknowledged: dict[str, int] = {}
+    deadline = time.monotonic() + 60
+    while len(acknowledged) < 300 and time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line:
+            break
+        entry_id, number = line.split()
+        acknowledged[entry_id] = int(number)
+    os.kill(child.pid, signal.SIGKILL)  # mid-write: the child never stops writing on its own
+    rest = child.stdout.read()  # lines already acknowledged but not yet read
+    child.wait()
+    assert child.returncode == -signal.SIGKILL
+    for line in rest.splitlines():
+        entry_id, number = line.split()
+        acknowledged[entry_id] = int(number)
+    assert len(acknowledged) >= 300
+
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    check.close()
+    with ExperienceBank(path) as bank:
+        for entry_id, number in acknowledged.items():
+            entry = bank.get(entry_id)
+            assert entry is not None, f"acknowledged entry {number} lost"
+            assert entry.title == f"title {number}"
+            assert entry.content == f"content {number} " + "x" * (number % 500)
+        bank.add(ENV, "after", "the reopened bank takes writes")
