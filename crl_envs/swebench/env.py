@@ -57,8 +57,9 @@ class SWEBenchEnv(TextEnv):
             ``owner__name``.
         command_timeout: seconds before a bash command is killed.
         eval_timeout: seconds before the grading test run is killed.
-        max_steps: the step limit at which the current diff is submitted (default: the
-            registration's ``max_episode_steps``).
+        max_steps: the step at which the current diff is submitted and graded (50, the
+            paper's). Gymnasium hides the TimeLimit from the env it wraps, so when changing
+            ``max_episode_steps`` in ``gym.make``, pass the same ``max_steps``.
 
     ``reset(options={"task_id": ...})`` picks a task; else the seed does. The final ``info``
     holds ``patch``, ``resolved``, ``fail_to_pass`` and ``pass_to_pass`` (pass fractions),
@@ -81,7 +82,7 @@ class SWEBenchEnv(TextEnv):
                  data_dir: str | os.PathLike | None = None,
                  repos_dir: str | os.PathLike | None = None,
                  command_timeout: float = 120.0, eval_timeout: float = 1800.0,
-                 max_steps: int | None = None, docker_client: Any = None,
+                 max_steps: int | None = 50, docker_client: Any = None,
                  render_mode: str | None = None, reward_mode: str = "binary") -> None:
         super().__init__(render_mode=render_mode, reward_mode=reward_mode)
         if sandbox not in SANDBOXES:
@@ -121,8 +122,6 @@ class SWEBenchEnv(TextEnv):
         self.sandbox = self._make_sandbox(self.instance)
         self.tools = Tools(self.sandbox, command_timeout=self.command_timeout)
         self._steps = 0
-        if self.max_steps is None and self.spec is not None:
-            self.max_steps = self.spec.max_episode_steps
         return _TASK_PROMPT.format(repo_dir=self.sandbox.repo_dir,
                                    issue=self.instance["problem_statement"].strip())
 

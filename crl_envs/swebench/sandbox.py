@@ -476,10 +476,17 @@ class DockerSandbox(Sandbox):
         return str(PurePosixPath(path))
 
     def read_file(self, path: str) -> str:
-        result = self._exec(["cat", "--", self.check_path(path)], timeout=60)
-        if result.exit_code != 0:
-            raise FileNotFoundError(result.output.strip())
-        return result.output
+        # get_archive, not `cat` through exec: file contents must not be cut like output.
+        try:
+            stream, _ = self.container.get_archive(self.check_path(path))
+        except Exception as err:  # docker.errors.NotFound and friends
+            raise FileNotFoundError(f"{path}: {err}") from err
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            handle = tar.extractfile(member) if member is not None else None
+            if handle is None:
+                raise FileNotFoundError(f"{path} is not a regular file")
+            return handle.read().decode("utf-8", errors="replace")
 
     def write_file(self, path: str, text: str) -> None:
         target = PurePosixPath(self.check_path(path))

@@ -1,5 +1,4 @@
 import pytest
-
 from intervals import merge, total_length
 
 

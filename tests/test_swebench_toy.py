@@ -1,0 +1,143 @@
+"""CRL/SWEBenchToy-v0 end to end: real LocalSandbox checkouts, real pytest runs, swebench's report."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import pytest
+
+import crl_envs  # noqa: F401  (registers the ids)
+from crl_envs.oracles import make_oracle
+from crl_envs.swebench.sandbox import UnisolatedSandboxWarning
+from crl_envs.swebench.tools import format_tool_call
+
+pytest.importorskip("swebench")
+
+ENV_ID = "CRL/SWEBenchToy-v0"
+# A plausible wrong fix: sorting by end fixes one of the two failing tests, not the other.
+WRONG_OLD = "    for start, end in intervals:"
+WRONG_NEW = "    for start, end in sorted(intervals, key=lambda interval: interval[1]):"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_local_sandbox():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnisolatedSandboxWarning)
+        yield
+
+
+def make_env(**kwargs):
+    return gym.make(ENV_ID, **kwargs)
+
+
+def core_path(env) -> str:
+    return env.unwrapped.sandbox.repo_dir + "/intervals/core.py"
+
+
+def test_reset_shows_issue_and_repo_location():
+    env = make_env()
+    obs, info = env.reset(seed=0)
+    repo = env.unwrapped.sandbox.repo_dir
+    assert repo in obs and "<issue>" in obs and "merge()" in obs
+    assert info["task"].startswith("`merge()` gives wrong results")
+    assert "<function=" in info["instructions"]
+    assert info["admissible_actions"] is None and info["won"] is False
+    env.close()
+
+
+def test_gold_patch_resolves_with_reward_one():
+    env = make_env()
+    obs, info = env.reset(seed=0)
+    agent = make_oracle(ENV_ID, env)
+    agent.reset(obs, info)
+    steps = 0
+    terminated = truncated = False
+    while not (terminated or truncated):
+        obs, reward, terminated, truncated, info = env.step(agent.act(obs, info))
+        steps += 1
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert info["resolved"] and info["won"] and info["submitted_by"] == "submit"
+    assert info["fail_to_pass"] == 1.0 and info["pass_to_pass"] == 1.0
+    assert "sorted(intervals)" in info["patch"]
+    assert info["report"]["tests_status"]["FAIL_TO_PASS"]["failure"] == []
+    assert steps == 2  # one str_replace, one submit
+    env.close()
+
+
+def test_wrong_fix_is_graded_unresolved():
+    env = make_env()
+    env.reset(seed=0)
+    edit = format_tool_call("str_replace_editor", command="str_replace", path=core_path(env),
+                            old_str=WRONG_OLD, new_str=WRONG_NEW)
+    _, reward, _, _, info = env.step(edit)
+    assert info["action_valid"] and reward == 0.0
+    _, reward, terminated, _, info = env.step(format_tool_call("submit"))
+    assert terminated and reward == 0.0 and not info["resolved"]
+    assert info["fail_to_pass"] == 0.5 and info["pass_to_pass"] == 1.0
+    env.close()
+
+
+def test_empty_diff_is_graded_unresolved():
+    env = make_env()
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step(format_tool_call("submit"))
+    assert terminated and reward == 0.0 and info["patch"] == ""
+    assert info["fail_to_pass"] == 0.0 and not info["report"]["patch_exists"]
+    env.close()
+
+
+def test_step_limit_submits_current_diff():
+    env = make_env(max_episode_steps=2, max_steps=2)
+    env.reset(seed=0)
+    gold = env.unwrapped.instance["patch"]
+    assert "sorted(intervals)" in gold
+    env.step(format_tool_call("str_replace_editor", command="str_replace", path=core_path(env),
+                              old_str="    for start, end in intervals:",
+                              new_str="    for start, end in sorted(intervals):"))
+    obs, reward, terminated, truncated, info = env.step("not a tool call")
+    assert truncated and reward == 1.0 and info["resolved"]
+    assert info["submitted_by"] == "step_limit" and info["action_valid"] is False
+    assert "Step limit (2) reached" in obs
+    # Unresolved at the limit: truncated, not terminated, reward 0.
+    env.reset(seed=0)
+    env.step(format_tool_call("bash", command="true"))
+    _, reward, terminated, truncated, info = env.step(format_tool_call("bash", command="true"))
+    assert (reward, terminated, truncated) == (0.0, False, True)
+    assert info["submitted_by"] == "step_limit" and info["patch"] == ""
+    env.close()
+
+
+def test_malformed_call_is_invalid_and_changes_nothing():
+    env = make_env()
+    env.reset(seed=0)
+    before = env.unwrapped.sandbox.read_file(core_path(env))
+    for action in ["fix the bug please", "<function=rm_rf>\n</function>",
+                   "<function=bash>\n<parameter=cmd>ls</parameter>\n</function>",
+                   format_tool_call("bash", command="ls") * 2]:
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert info["action_valid"] is False and not terminated and reward == 0.0
+        assert obs.startswith("Invalid tool call:") and "<function=TOOL_NAME>" in obs
+    assert env.unwrapped.sandbox.read_file(core_path(env)) == before
+    env.close()
+
+
+def test_reset_is_deterministic_and_task_id_option():
+    env = make_env()
+    obs_a, _ = env.reset(seed=3)
+    obs_b, _ = env.reset(options={"task_id": "crl-gym__toy-intervals-1"})
+    strip = env.unwrapped.sandbox.repo_dir
+    assert obs_a.replace(obs_a.split("\n")[1], "") == obs_b.replace(strip, "")
+    with pytest.raises(KeyError, match="Unknown task_id"):
+        env.reset(options={"task_id": "nope"})
+    env.close()
+
+
+def test_close_removes_checkout():
+    env = make_env()
+    env.reset(seed=0)
+    repo = env.unwrapped.sandbox.repo_dir
+    env.close()
+    import os
+
+    assert not os.path.exists(repo)
