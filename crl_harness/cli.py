@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("crl_harness.commands.demo", "run the main job on the embedded default"),
     "play": ("crl_harness.commands.play", "play any registered env in the terminal"),
     "data": ("crl_harness.commands.data", "fetch benchmark data from the upstream sources"),
+    "train": ("crl_harness.commands.train", "train an agent with Complementary RL or a baseline arm"),
     "swe": ("crl_harness.commands.swe", "SWE-bench tools: filter tasks by pass rate"),
 }
 

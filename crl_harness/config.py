@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 import yaml
 from omegaconf import OmegaConf
@@ -114,6 +114,10 @@ class ActorConfig:
     top_p: float = 1.0
     max_new_tokens: int = 256
     """per turn"""
+    history: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """earlier turns kept in the prompt (None: all that fit the context)"""
+    format_penalty: float = -0.1
+    """added to the episode reward per reply that breaks the answer format"""
     micro_batch_size: int = 8
     """turns per forward/backward pass (gradients are accumulated)"""
     lora: LoRAConfig = field(default_factory=LoRAConfig)

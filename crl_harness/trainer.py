@@ -49,7 +49,7 @@ from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats
 from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
 from crl_harness.training.sampler import TaskSampler
 
-__all__ = ["Trainer", "ResumeError"]
+__all__ = ["Trainer", "ResumeError", "make_trainer"]
 
 
 class ResumeError(RuntimeError):
@@ -103,16 +103,8 @@ class Trainer:
                     max_grad_norm=cfg.extractor.max_grad_norm,
                     temperature=cfg.extractor.temperature,
                     micro_batch_size=cfg.extractor.micro_batch_size, lora=cfg.extractor.lora)
-            if checkpoint is not None:
-                ExperienceService.restore_bank(self.run_dir, checkpoint)
-            self.experience = ExperienceService(
-                self.run_dir, cfg.experience, extractor_backend,
-                max_new_tokens=cfg.extractor.max_new_tokens,
-                temperature=cfg.extractor.temperature, top_p=cfg.extractor.top_p,
-                seed=cfg.run.seed)
-
-        self.rollouts = RolloutEngine(self.actor_backend, retriever=self.experience,
-                                      config=self._rollout_config())
+            self.experience = self._make_experience(extractor_backend, checkpoint)
+        self.rollouts = self._make_rollouts()
         self.sampler = TaskSampler(cfg.tasks, cfg.run.seed)
         self.extractor_buffer: list[GenerationReward] = []
         self.counters: dict[str, float] = defaultdict(float)
@@ -189,8 +181,9 @@ class Trainer:
         if self.experience is not None and step % cfg.experience.merge_every == 0:
             self.counters["bank/merge_chunks"] += self.experience.merge_pass()
 
-        # 7. New weights reach the rollout backend: the learners trained the backends' own
-        #    models in place, so nothing moves in one process.
+        # 7. New weights reach the rollout backend and the extractor's generator.
+        self._push_weights(actor_stats is not None and actor_stats.rows > 0,
+                           extractor_stats is not None and extractor_stats.rows > 0)
         return self._step_metrics(trajectories, actor_stats, extractor_stats, times)
 
     # ================================================================== steps of the loop
@@ -239,7 +232,7 @@ class Trainer:
         loss = functools.partial(cispo_loss, eps_low=self.cfg.extractor.eps_low,
                                  eps_high=self.cfg.extractor.eps_high)
         assert self.experience is not None and self.extractor is not None
-        with self.experience.generator.weights_lock:  # no extractor call sees half an update
+        with self.experience.weights_lock:  # no extractor call sees half an update
             stats = self.extractor.update(rows, loss)
         self.counters["extractor/updates"] += int(stats.rows > 0)
         return stats
@@ -337,6 +330,26 @@ class Trainer:
         self.counters.update(state["counters"])
         self.step = int(state["step"])
 
+    # ================================================================== where things run
+    # One process here; ``crl_harness.training.ray_backend.RayTrainer`` moves the rollouts and
+    # the experience service into Ray actors by overriding these three methods.
+    def _make_experience(self, extractor_backend: Any, checkpoint: Path | None) -> Any:
+        """The bank and its manager; the extractor generates with the learner's own model."""
+        if checkpoint is not None:
+            ExperienceService.restore_bank(self.run_dir, checkpoint)
+        return ExperienceService(
+            self.run_dir, self.cfg.experience, extractor_backend,
+            max_new_tokens=self.cfg.extractor.max_new_tokens,
+            temperature=self.cfg.extractor.temperature, top_p=self.cfg.extractor.top_p,
+            seed=self.cfg.run.seed)
+
+    def _make_rollouts(self) -> Any:
+        return RolloutEngine(self.actor_backend, retriever=self.experience,
+                             config=self._rollout_config())
+
+    def _push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:
+        """Nothing to move in one process: the learners trained the backends' models in place."""
+
     # ================================================================== plumbing
     def _rollout_config(self) -> RolloutConfig:
         cfg = self.cfg
@@ -348,7 +361,8 @@ class Trainer:
             env_kwargs[entry.id] = dict(entry.kwargs)
         return RolloutConfig(
             max_new_tokens=cfg.actor.max_new_tokens, temperature=cfg.actor.temperature,
-            top_p=cfg.actor.top_p, max_live=cfg.tasks.groups_per_step * cfg.tasks.group_size,
+            top_p=cfg.actor.top_p, history=cfg.actor.history,
+            format_penalty=cfg.actor.format_penalty, max_live=cfg.tasks.groups_per_step * cfg.tasks.group_size,
             workers=cfg.run.rollout_workers, experience_k=cfg.experience.k,
             # seed=None: sampling draws from torch's global RNG, which checkpoints carry.
             seed=None, env_kwargs=env_kwargs)
@@ -368,4 +382,13 @@ class Trainer:
         if self.experience is not None:
             self.experience.close()
         self.metrics.close()
+
+
+def make_trainer(cfg: TrainConfig, **kwargs: Any) -> Trainer:
+    """The trainer for ``cfg.run.backend``: one process (``local``) or Ray actors (``ray``)."""
+    if cfg.run.backend == "ray":
+        from crl_harness.training.ray_backend import RayTrainer
+
+        return RayTrainer(cfg, **kwargs)
+    return Trainer(cfg, **kwargs)
 

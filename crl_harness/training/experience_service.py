@@ -148,6 +148,11 @@ class ExperienceService:
         return self.manager.stats()
 
     # ------------------------------------------------------------ weights
+    @property
+    def weights_lock(self) -> threading.Lock:
+        """Held by the extractor's generation; an update of its weights takes it too."""
+        return self.generator.weights_lock
+
     def load_extractor_weights(self, state: dict[str, Any], lora: bool = False) -> None:
         """New extractor weights for a copy living apart from the learner (a Ray actor)."""
         with self.generator.weights_lock:

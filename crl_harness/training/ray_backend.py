@@ -1,0 +1,181 @@
+"""``--backend ray``: rollout workers and the experience service as Ray actors, same semantics.
+
+Holds ``RayTrainer`` (the ``Trainer`` with its rollouts and its experience service moved into Ray
+actors; the learners stay in the driver and push their new weights after each update),
+``RolloutWorker`` and ``RemoteRetriever``.
+
+Every actor asks for whole CPUs (``num_cpus=1``), never fractions; Ray runs with its own
+temporary directory and without its dashboard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from crl_harness.config import LoRAConfig, TrainConfig
+from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
+from crl_harness.trainer import Trainer
+from crl_harness.training.experience_service import ExperienceService
+
+__all__ = ["RayTrainer", "RayRollouts", "RolloutWorker", "RemoteRetriever", "start_ray"]
+
+
+def start_ray(num_cpus: int) -> str:
+    """Start a private local Ray instance; returns its temporary directory."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    temp_dir = tempfile.mkdtemp(prefix="crl-ray-")
+    if not ray.is_initialized():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir,
+                 log_to_driver=False, configure_logging=False)
+    return temp_dir
+
+
+class RemoteRetriever:
+    """The retriever protocol over the experience service actor (used inside rollout workers)."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+    def retrieve(self, env_id: str, query: str, k: int = 1) -> list:
+        import ray
+
+        return ray.get(self.service.retrieve.remote(env_id, query, k))
+
+    def report_outcome(self, entry_ids: list[str], score: float) -> None:
+        import ray
+
+        ray.get(self.service.report_outcome.remote(list(entry_ids), score))
+
+
+class RolloutWorker:
+    """A copy of the actor model and a rollout engine, in its own process."""
+
+    def __init__(self, model: str, lora: LoRAConfig, rollout: RolloutConfig,
+                 service: Any = None, torch_threads: int = 1) -> None:
+        import torch
+
+        from crl_harness.models import load_backend
+        from crl_harness.training.learner import apply_lora
+
+        torch.set_num_threads(max(torch_threads, 1))
+        self.backend = load_backend(model)
+        self.lora = lora.enabled
+        if self.lora:
+            apply_lora(self.backend.model, lora)
+        retriever = RemoteRetriever(service) if service is not None else None
+        self.engine = RolloutEngine(self.backend, retriever=retriever, config=rollout)
+
+    def run(self, specs: list[EpisodeSpec]) -> list[Trajectory]:
+        return self.engine.run(specs)
+
+    def load_weights(self, state: dict[str, Any]) -> None:
+        if self.lora:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.backend.model, state)
+        else:
+            self.backend.load_weights(state)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _RemoteExperience:
+    """The experience service actor behind the methods the trainer calls (blocking)."""
+
+    def __init__(self, handle: Any, lora: bool) -> None:
+        self.handle = handle
+        self.lora = lora
+        self.weights_lock = contextlib.nullcontext()  # the learner's copy is not the generator's
+
+    def __getattr__(self, name: str) -> Any:
+        import ray
+
+        method = getattr(self.handle, name)
+        return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
+
+    def load_extractor_weights(self, state: dict[str, Any]) -> None:
+        import ray
+
+        ray.get(self.handle.load_extractor_weights.remote(state, self.lora))
+
+
+class RayRollouts:
+    """Rollout workers as Ray actors; ``run`` deals the specs out and keeps their order."""
+
+    def __init__(self, workers: list[Any]) -> None:
+        import ray
+
+        self._ray = ray
+        self.workers = workers
+
+    def run(self, specs: list[EpisodeSpec]) -> list[Trajectory]:
+        n = len(self.workers)
+        results = self._ray.get([w.run.remote(specs[i::n]) for i, w in enumerate(self.workers)])
+        ordered: list[Trajectory | None] = [None] * len(specs)
+        for i, trajectories in enumerate(results):
+            ordered[i::n] = trajectories
+        return ordered  # type: ignore[return-value]
+
+    def load_weights(self, state: dict[str, Any]) -> None:
+        ref = self._ray.put(state)
+        self._ray.get([w.load_weights.remote(ref) for w in self.workers])
+
+    def close(self) -> None:
+        self._ray.get([w.close.remote() for w in self.workers])
+
+
+class RayTrainer(Trainer):
+    """``Trainer`` whose rollout workers and experience service are Ray actors."""
+
+    def __init__(self, cfg: TrainConfig, **kwargs: Any) -> None:
+        import ray
+
+        self._ray = ray
+        self._ray_dir = start_ray(num_cpus=cfg.run.rollout_workers + 1)
+        super().__init__(cfg, **kwargs)
+
+    def _make_experience(self, extractor_backend: Any, checkpoint: Path | None) -> Any:
+        cfg = self.cfg
+        if checkpoint is not None:
+            ExperienceService.restore_bank(self.run_dir, checkpoint)
+        spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
+        actor_cls = self._ray.remote(num_cpus=1, max_concurrency=16)(ExperienceService)
+        handle = actor_cls.remote(
+            str(self.run_dir), cfg.experience, spec,
+            max_new_tokens=cfg.extractor.max_new_tokens, temperature=cfg.extractor.temperature,
+            top_p=cfg.extractor.top_p, seed=cfg.run.seed, lora=cfg.extractor.lora)
+        remote = _RemoteExperience(handle, cfg.extractor.lora.enabled)
+        if self.extractor is not None:  # the driver's learner copy starts from the same weights
+            remote.load_extractor_weights(self.extractor.trainable_state_dict())
+        return remote
+
+    def _make_rollouts(self) -> Any:
+        cfg = self.cfg
+        rollout = self._rollout_config()
+        rollout.workers = 1
+        worker_cls = self._ray.remote(num_cpus=1)(RolloutWorker)
+        service = self.experience.handle if self.experience is not None else None
+        return RayRollouts([worker_cls.remote(cfg.actor.model, cfg.actor.lora, rollout, service,
+                                              cfg.run.torch_threads or 1)
+                            for _ in range(cfg.run.rollout_workers)])
+
+    def _push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:
+        if actor_updated:
+            self.rollouts.load_weights(self.actor.trainable_state_dict())
+        if extractor_updated and self.experience is not None and self.extractor is not None:
+            self.experience.load_extractor_weights(self.extractor.trainable_state_dict())
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._ray.shutdown()
+            shutil.rmtree(self._ray_dir, ignore_errors=True)

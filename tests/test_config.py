@@ -1,0 +1,80 @@
+"""Training configs: every shipped YAML loads, overrides apply, errors name the bad key."""
+
+from __future__ import annotations
+
+import pytest
+
+from crl_harness.cli import main
+from crl_harness.config import CONFIG_DIR, ConfigError, load_config
+
+SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def test_every_env_and_both_mixtures_have_a_config():
+    expected = {"minihack-room", "minihack-maze", "minihack-keyroom", "minihack-river", "sokoban",
+                "webshop", "alfworld", "swebench", "mix3", "mix6", "cpu-demo"}
+    assert expected <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_config_loads(name):
+    cfg = load_config(name)
+    assert cfg.name == name
+    assert cfg.tasks.envs
+
+
+def test_mixtures_hold_the_papers_envs_and_settings():
+    mix3, mix6 = load_config("mix3"), load_config("mix6")
+    assert [e.id for e in mix3.tasks.envs] == [
+        "CRL/MiniHackRoom-v0", "CRL/WebShop-v0", "CRL/ALFWorld-v0"]
+    assert [e.id for e in mix6.tasks.envs][3:] == [
+        "CRL/MiniHackMaze-v0", "CRL/MiniHackKeyRoom-v0", "CRL/Sokoban-v0"]
+    t, a, x = mix6.tasks, mix6.actor, mix6.extractor
+    assert (t.group_size, t.guided_per_group, t.groups_per_step) == (8, 4, 16)
+    assert (a.clip_eps, a.warmup_steps, a.lr, a.normalize_std) == (0.2, 5, 1e-6, False)
+    assert (x.eps_low, x.eps_high, x.train_after) == (0.1, 0.1, 64)
+    assert mix6.experience.merge_every == 5 and mix6.run.steps == 512
+
+
+@pytest.mark.parametrize("arm", ["co-evolve", "static", "none"])
+def test_the_three_arms_are_one_switch(arm):
+    cfg = load_config("cpu-demo", [f"arm={arm}"])
+    assert cfg.arm == arm
+    assert cfg.uses_experience == (arm != "none")
+    assert cfg.trains_extractor == (arm == "co-evolve")
+
+
+def test_overrides_reach_nested_and_list_keys():
+    cfg = load_config("mix3", ["run.steps=7", "tasks.envs.1.weight=2.5", "actor.lora.enabled=true"])
+    assert cfg.run.steps == 7 and cfg.tasks.envs[1].weight == 2.5 and cfg.actor.lora.enabled
+    assert cfg.run.output_dir == "runs/mix3"
+
+
+@pytest.mark.parametrize("override, key", [
+    (["actor.lrr=1"], "actor.lrr"),
+    (["actor.lr=fast"], "actor.lr"),
+    (["arm=both"], "arm"),
+    (["tasks.envs.0.id=CRL/Chess-v0"], "tasks.envs.0.id"),
+    (["tasks.guided_per_group=9"], "tasks.guided_per_group"),
+    (["run.steps=0"], "run.steps"),
+    (["nonsense.key=1"], "nonsense"),
+])
+def test_errors_name_the_bad_key(override, key):
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        load_config("cpu-demo", override)
+
+
+def test_bad_file_and_bad_override_syntax(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actor:\n  temperature: 1.0\n  warmup: 3\n")
+    with pytest.raises(ConfigError, match="'actor.warmup'"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config("cpu-demo", ["run.steps"])
+
+
+def test_crl_train_reports_a_config_error(capsys):
+    assert main(["train", "cpu-demo", "actor.lrr=1"]) == 2
+    assert "actor.lrr" in capsys.readouterr().err
