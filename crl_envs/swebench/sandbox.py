@@ -179,7 +179,8 @@ def _run_git(args: list[str], cwd: Path) -> None:
            "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z"}
     done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SandboxError(f"`git {' '.join(args)}` failed in {cwd}: {done.stderr.strip()}")
+        raise SandboxError(f"`git {' '.join(args)}` failed in {cwd}: "
+                           f"{(done.stderr or done.stdout).strip()}")
 
 
 def init_repo_from_files(source: Path, dest: Path) -> str:
@@ -191,7 +192,8 @@ def init_repo_from_files(source: Path, dest: Path) -> str:
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     _run_git(["init", "-q", "-b", "main"], dest)
     _run_git(["add", "-A"], dest)
-    _run_git(["commit", "-q", "-m", "base"], dest)
+    _run_git(["-c", "commit.gpgsign=false", "commit", "-q", "--allow-empty", "--no-verify",
+              "-m", "base"], dest)
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=dest, capture_output=True,
                           text=True, check=True).stdout.strip()
 
