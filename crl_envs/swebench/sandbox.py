@@ -526,14 +526,20 @@ class DockerSandbox(Sandbox):
 
         prediction = {"instance_id": self.instance_id, "model_patch": patch,
                       "model_name_or_path": "crl"}
-        run_instance(make_test_spec(instance), prediction, self.client, self.run_id,
+        # A run id per grading: run_instance returns a cached report when its run dir has one.
+        run_id = f"{self.run_id}.{uuid.uuid4().hex[:8]}"
+        run_instance(make_test_spec(instance), prediction, self.client, run_id,
                      timeout=int(timeout))
-        log = RUN_EVALUATION_LOG_DIR / self.run_id / "crl" / self.instance_id / LOG_TEST_OUTPUT
-        if not log.exists():  # run_instance logs and swallows a patch that does not apply
-            return None
-        log_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy(log, log_dir / LOG_TEST_OUTPUT)
-        return log_dir / LOG_TEST_OUTPUT
+        run_dir = RUN_EVALUATION_LOG_DIR / run_id
+        log = run_dir / "crl" / self.instance_id / LOG_TEST_OUTPUT
+        try:
+            if not log.exists():  # run_instance logs and swallows a patch that does not apply
+                return None
+            log_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy(log, log_dir / LOG_TEST_OUTPUT)
+            return log_dir / LOG_TEST_OUTPUT
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
     def close(self) -> None:
         container, self.container = getattr(self, "container", None), None

@@ -1,0 +1,240 @@
+"""DockerSandbox: what it sends to the docker SDK (a recording test double of the client), and a
+real instance on a real daemon where one runs (skipped otherwise, with the reason)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import crl_envs  # noqa: F401
+from crl_envs.swebench.data import load_instances
+from crl_envs.swebench.grading import grade_patch
+from crl_envs.swebench.sandbox import (
+    CONTAINER_REPO,
+    DockerSandbox,
+    LocalSandbox,
+    SandboxError,
+    UnisolatedSandboxWarning,
+    docker_client,
+)
+from crl_envs.swebench.tools import Tools, format_tool_call
+
+pytest.importorskip("swebench")
+pytest.importorskip("docker")
+
+
+class FakeAPI:
+    """Records exec calls; answers with queued (output, exit code) pairs, else ("", 0)."""
+
+    def __init__(self):
+        self.execs: list[dict] = []
+        self.replies: list[tuple[bytes, int]] = []
+        self._codes: dict[str, int] = {}
+
+    def exec_create(self, container_id, cmd, **kwargs):
+        exec_id = f"exec{len(self.execs)}"
+        self.execs.append({"container": container_id, "cmd": cmd, **kwargs})
+        output, code = self.replies.pop(0) if self.replies else (b"", 0)
+        self._codes[exec_id] = code
+        self._outputs = getattr(self, "_outputs", {})
+        self._outputs[exec_id] = output
+        return {"Id": exec_id}
+
+    def exec_start(self, exec_id, stream=False):
+        return iter([self._outputs[exec_id]])
+
+    def exec_inspect(self, exec_id):
+        return {"ExitCode": self._codes[exec_id]}
+
+
+class FakeContainer:
+    id = "c0ffee"
+
+    def __init__(self):
+        self.archives: dict[str, bytes] = {}
+        self.removed = False
+
+    def put_archive(self, path, data):
+        self.archives[path] = data
+        return True
+
+    def get_archive(self, path):
+        data = b"def f():\n    return 1\n"
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            member = tarfile.TarInfo(Path(path).name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+        return iter([buffer.getvalue()]), {"name": Path(path).name}
+
+    def remove(self, force=False):
+        self.removed = force
+
+
+class FakeClient:
+    def __init__(self, local_images=(), pullable=True):
+        self.api = FakeAPI()
+        self.container = FakeContainer()
+        self.runs: list[tuple[str, dict]] = []
+        self.pulled: list[str] = []
+        client = self
+
+        class Images:
+            def get(self, name):
+                if name not in local_images:
+                    raise LookupError(f"no such image: {name}")
+
+            def pull(self, name):
+                if not pullable:
+                    raise LookupError(f"pull access denied for {name}")
+                client.pulled.append(name)
+
+        class Containers:
+            def run(self, image, **kwargs):
+                client.runs.append((image, kwargs))
+                return client.container
+
+        self.images, self.containers = Images(), Containers()
+
+
+ROW = {"instance_id": "django__django-11099", "image": "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"}
+
+
+def test_container_start_and_shell_commands():
+    client = FakeClient(local_images=[ROW["image"]])
+    box = DockerSandbox(ROW, client=client, run_id="t1")
+    (image, kwargs), = client.runs
+    assert image == ROW["image"] and kwargs["command"] == "tail -f /dev/null"
+    assert kwargs["detach"] is True and kwargs["working_dir"] == CONTAINER_REPO == box.repo_dir
+    assert kwargs["name"] == "crl.django__django-11099.t1" and client.pulled == []
+    client.api.replies.append((b"hello\n", 0))
+    result = box.run("echo hello", timeout=7)
+    sent = client.api.execs[-1]
+    assert sent["container"] == "c0ffee" and sent["workdir"] == "/testbed" and sent["user"] == "root"
+    assert sent["cmd"][:4] == ["timeout", "--kill-after=5", "7", "bash"]
+    assert sent["cmd"][-3:] == ["bash", "/tmp/.crl_shell", "echo hello"]
+    assert result.output == "hello\n" and result.exit_code == 0 and not result.timed_out
+    client.api.replies.append((b"partial", 124))
+    assert box.run("sleep 99", timeout=1).timed_out
+    box.close()
+    assert client.container.removed is True
+
+
+def test_missing_image_is_pulled_or_explained():
+    client = FakeClient()
+    DockerSandbox(ROW, client=client).close()
+    assert client.pulled == [ROW["image"]]
+    with pytest.raises(SandboxError, match="prepare_images --instance_ids django__django-11099"):
+        DockerSandbox(ROW, client=FakeClient(pullable=False))
+
+
+def test_files_travel_as_tar_archives_and_the_editor_works_on_them():
+    client = FakeClient(local_images=[ROW["image"]])
+    box = DockerSandbox(ROW, client=client)
+    tools = Tools(box)
+    client.api.replies.append((b"file\n", 0))  # path_kind
+    result = tools.call(format_tool_call("str_replace_editor", command="str_replace",
+                                         path="/testbed/pkg/m.py", old_str="return 1",
+                                         new_str="return 2"))
+    assert result.valid, result.output
+    with tarfile.open(fileobj=io.BytesIO(client.container.archives["/testbed/pkg"])) as tar:
+        member = tar.getmember("m.py")
+        assert tar.extractfile(member).read() == b"def f():\n    return 2\n"
+    refused = tools.call(format_tool_call("str_replace_editor", command="view", path="pkg/m.py"))
+    assert not refused.valid and "Maybe you meant /testbed/pkg/m.py" in refused.output
+
+
+def test_grading_goes_through_swebench_run_instance(monkeypatch, tmp_path):
+    """The patch goes to swebench's ``run_instance`` with the row's test spec; its log is graded
+    by swebench's report. The log here is a real one: the toy task graded on the host."""
+    from swebench.harness import run_evaluation
+    from swebench.harness.constants import LOG_TEST_OUTPUT, RUN_EVALUATION_LOG_DIR
+
+    (toy,) = load_instances("toy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnisolatedSandboxWarning)
+        host = LocalSandbox(Path(crl_envs.__file__).parent / "swebench" / "toy" / "repo")
+    real_log = host.evaluate(toy, toy["patch"], tmp_path / "host", timeout=120).read_text()
+    host.close()
+
+    calls = []
+
+    def fake_run_instance(test_spec, pred, client, run_id, timeout=None, **kwargs):
+        calls.append((test_spec, pred, client, run_id, timeout))
+        log_dir = RUN_EVALUATION_LOG_DIR / run_id / pred["model_name_or_path"] / pred["instance_id"]
+        log_dir.mkdir(parents=True)
+        (log_dir / LOG_TEST_OUTPUT).write_text(real_log)
+
+    monkeypatch.setattr(run_evaluation, "run_instance", fake_run_instance)
+    monkeypatch.chdir(tmp_path)
+    client = FakeClient(local_images=[""])
+    box = DockerSandbox(toy, client=client, run_id="grade")
+    grade = grade_patch(box, toy, toy["patch"], timeout=900, log_dir=tmp_path / "logs")
+    (spec, pred, sent_client, run_id, timeout), = calls
+    assert spec.instance_id == toy["instance_id"] and spec.eval_script.startswith("#!/bin/bash")
+    assert pred == {"instance_id": toy["instance_id"], "model_patch": toy["patch"],
+                    "model_name_or_path": "crl"}
+    assert sent_client is client and run_id.startswith("grade.") and timeout == 900
+    assert grade.resolved and grade.fail_to_pass == 1.0 and grade.pass_to_pass == 1.0
+    calls.clear()
+    monkeypatch.setattr(run_evaluation, "run_instance", lambda *a, **k: None)  # did not apply
+    assert not grade_patch(box, toy, "garbage patch", log_dir=tmp_path / "l2").resolved
+    box.close()
+
+
+@pytest.mark.data
+def test_env_on_docker_sends_commands_to_the_instance_container(data_dir):
+    folder = data_dir("swebench", "verified_test.parquet")
+    (row,) = load_instances("verified", data_dir=folder, task_ids=["django__django-11099"])
+    client = FakeClient(local_images=[row["image"]])
+    env = gym.make("CRL/SWEBench-v0", data_dir=folder, task_ids=["django__django-11099"],
+                   docker_client=client)
+    obs, info = env.reset(seed=0)
+    assert "/testbed" in obs and "UsernameValidator" in info["task"]
+    client.api.replies.append((b"django\n", 0))
+    obs, *_ = env.step(format_tool_call("bash", command="ls"))
+    assert obs == "django\n[exit code 0]" and client.api.execs[-1]["cmd"][-1] == "ls"
+    env.close()
+    assert client.container.removed
+
+
+def _daemon_or_skip():
+    try:
+        return docker_client()
+    except SandboxError as err:
+        pytest.skip(f"needs a Docker daemon: {err}")
+
+
+def test_without_daemon_the_error_says_what_to_do():
+    try:
+        docker_client()
+    except SandboxError as err:
+        assert "Docker daemon" in str(err) and "sandbox='local'" in str(err)
+    else:
+        pytest.skip("a Docker daemon answers here; this test is for machines without one")
+
+
+@pytest.mark.slow
+def test_real_instance_gold_patch_resolves_in_docker(data_dir):
+    """On a machine with Docker: pulls the instance image (about 1-3 GB) and runs the
+    official evaluation of the gold patch."""
+    client = _daemon_or_skip()
+    folder = data_dir("swebench", "verified_test.parquet")
+    env = gym.make("CRL/SWEBench-v0", data_dir=folder, task_ids=["django__django-11099"],
+                   docker_client=client)
+    from crl_envs.oracles import make_oracle
+
+    obs, info = env.reset(seed=0)
+    agent = make_oracle("CRL/SWEBench-v0", env)
+    agent.reset(obs, info)
+    done = False
+    while not done:
+        obs, reward, terminated, truncated, info = env.step(agent.act(obs, info))
+        done = terminated or truncated
+    assert reward == 1.0 and info["resolved"]
+    env.close()
