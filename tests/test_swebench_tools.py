@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from crl_envs.swebench.sandbox import OUTPUT_LIMIT, LocalSandbox, UnisolatedSandboxWarning
-from crl_envs.swebench.tools import Tools, ToolCallError, format_tool_call, parse_tool_call
+from crl_envs.swebench.tools import ToolCallError, Tools, format_tool_call, parse_tool_call
 
 
 @pytest.fixture
