@@ -26,6 +26,7 @@ __all__ = ["TASKS", "MiniHackTask", "make_raw_env", "MiniHackEnv", "DIRECTIONS"]
 # Our TimeLimit (30 steps, from the registration) ends episodes. MiniHack's own limit would
 # end them as `terminated` ("aborted"), so it is pushed out of reach.
 _RAW_STEP_LIMIT = 1_000_000
+# Only what the text view reads: MiniHack's default adds cropped views that cost time each step.
 _OBSERVATION_KEYS = ("glyphs", "chars", "message", "blstats", "inv_strs", "inv_letters")
 
 DIRECTIONS: dict[str, nethack.CompassDirection] = {
@@ -113,19 +114,21 @@ def _task(task: str, variant: str | None) -> tuple[MiniHackTask, str]:
     return spec, variant
 
 
-def make_raw_env(task: str, variant: str | None = None) -> gym.Env:
-    """The bare upstream MiniHack env of a CRL task (no gymnasium wrappers), as ``MiniHackEnv`` runs it.
+def make_raw_env(
+    task: str, variant: str | None = None, observation_keys: tuple[str, ...] | None = None
+) -> gym.Env:
+    """The bare upstream MiniHack env of a CRL task (no gymnasium wrappers).
 
-    Its own step limit is pushed out of reach, so that only the CRL TimeLimit ends episodes.
+    ``observation_keys=None`` keeps MiniHack's own default observation (what a MiniHack user
+    gets, cropped views included); ``MiniHackEnv`` asks only for the keys its text view reads.
+    MiniHack's own step limit is pushed out of reach, so that only the CRL TimeLimit ends episodes.
     """
     spec, variant = _task(task, variant)
     upstream = gym.spec(spec.variants[variant])
-    creator = load_env_creator(upstream.entry_point)
-    return creator(
-        **upstream.kwargs,
-        observation_keys=_OBSERVATION_KEYS,
-        max_episode_steps=_RAW_STEP_LIMIT,
-    )
+    kwargs = dict(upstream.kwargs, max_episode_steps=_RAW_STEP_LIMIT)
+    if observation_keys is not None:
+        kwargs["observation_keys"] = observation_keys
+    return load_env_creator(upstream.entry_point)(**kwargs)
 
 
 class MiniHackEnv(TextEnv):
@@ -157,7 +160,7 @@ class MiniHackEnv(TextEnv):
         self.spec_task, self.variant = _task(task, variant)
         self.task_name = task
         self.env_id = self.spec_task.env_id
-        self._raw = make_raw_env(task, self.variant)
+        self._raw = make_raw_env(task, self.variant, observation_keys=_OBSERVATION_KEYS)
         self._nle = self._raw.unwrapped
         self._actions = list(DIRECTIONS)
         if self.spec_task.uses_key:
@@ -202,20 +205,16 @@ class MiniHackEnv(TextEnv):
         raw = self._obs["message"].tobytes()
         return raw[: raw.find(b"\0") if b"\0" in raw else len(raw)].decode("latin-1").strip()
 
-    def _inventory(self) -> list[str]:
+    def _keys_carried(self) -> list[str]:
+        """Inventory lines of the keys carried (the rogue's other starting gear does not matter)."""
         lines = []
         for letter, item in zip(self._obs["inv_letters"], self._obs["inv_strs"], strict=True):
             if letter == 0:
                 break
             text = item.tobytes().split(b"\0", 1)[0].decode("latin-1")
-            lines.append(f"{chr(letter)} - {text}")
+            if " key" in text:
+                lines.append(f"{chr(letter)} - {text}")
         return lines
-
-    def _key_letter(self) -> str | None:
-        for line in self._inventory():
-            if " key" in line:
-                return line[0]
-        return None
 
     def _observe(self, outcome: str = "") -> str:
         """Render the current game state (or, once the game is over, the last picture)."""
@@ -229,7 +228,7 @@ class MiniHackEnv(TextEnv):
             self._view.render(self._status),
         ]
         if self.spec_task.uses_key:
-            lines.append("Inventory: " + "; ".join(self._inventory() or ["(empty)"]))
+            lines.append("Key: " + ("; ".join(self._keys_carried()) or "none carried"))
         if outcome:
             lines.append(outcome)
         return "\n".join(lines)
@@ -275,8 +274,8 @@ class MiniHackEnv(TextEnv):
         the env answers them, then walks into the door until it opens (a door can be stuck),
         as MiniHack's own KeyRoom apply does.
         """
-        letter = self._key_letter()
-        if letter is None:
+        keys = self._keys_carried()
+        if not keys:
             return self.invalid(
                 "you carry no key. Stand on the key and use `pickup` first.", self._actions
             )
@@ -286,7 +285,7 @@ class MiniHackEnv(TextEnv):
             return self.invalid(f"there is no closed door to the {direction}.", self._actions)
         game = self._nle.nethack
         game.step(nethack.Command.APPLY)
-        game.step(ord(letter))
+        game.step(ord(keys[0][0]))
         observation, _ = game.step(DIRECTIONS[direction])
         message = bytes(observation[self._nle._message_index])
         if b"Unlock it?" in message:

@@ -47,7 +47,7 @@ class ParsedView:
     cells: dict[Cell, str] = field(default_factory=dict)
     hero: Cell = (0, 0)
     message: str = ""
-    inventory: str = ""
+    inventory: str = ""  # the keys carried
 
     def find(self, char: str) -> list[Cell]:
         return [cell for cell, c in self.cells.items() if c == char]
@@ -73,8 +73,8 @@ def parse_observation(observation: str) -> ParsedView | None:
     for line in lines:
         if line.startswith("Message: "):
             view.message = line.removeprefix("Message: ")
-        elif line.startswith("Inventory: "):
-            view.inventory = line.removeprefix("Inventory: ")
+        elif line.startswith("Key: "):
+            view.inventory = line.removeprefix("Key: ")
     view.cells[view.hero] = "."
     return view
 

@@ -16,6 +16,8 @@ eight cells around it, even in the dark). Seen stone is drawn as ``ROCK``, unsee
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from nle import nethack
 
@@ -32,7 +34,16 @@ _STONE_GLYPH = _CMAP + 0
 _OPEN_DOOR_GLYPHS = (_CMAP + 13, _CMAP + 14)
 _CLOSED_DOOR_GLYPHS = (_CMAP + 15, _CMAP + 16)
 _STAIRS_DOWN_GLYPH = _CMAP + 24
-_NOTABLE_CMAP_GLYPHS = (*_OPEN_DOOR_GLYPHS, *_CLOSED_DOOR_GLYPHS, _STAIRS_DOWN_GLYPH)
+
+# Per-glyph lookup tables: one fancy-index per step instead of per-cell Python calls.
+_ALL_GLYPHS = np.arange(nethack.MAX_GLYPH)
+_IS_NOTABLE = (
+    nethack.glyph_is_monster(_ALL_GLYPHS)
+    | nethack.glyph_is_object(_ALL_GLYPHS)
+    | nethack.glyph_is_trap(_ALL_GLYPHS)
+    | np.isin(_ALL_GLYPHS, (*_OPEN_DOOR_GLYPHS, *_CLOSED_DOOR_GLYPHS, _STAIRS_DOWN_GLYPH))
+)
+_IS_OPEN_DOOR = np.isin(_ALL_GLYPHS, _OPEN_DOOR_GLYPHS)
 
 LEGEND: dict[str, str] = {
     "@": "you",
@@ -69,6 +80,7 @@ def describe_offset(dx: int, dy: int) -> str:
     return ", ".join(parts) if parts else "here"
 
 
+@functools.lru_cache(maxsize=4096)
 def _feature_name(glyph: int, char: str) -> str:
     """What a notable cell holds, in words (stairs, doors, items, monsters, traps)."""
     if nethack.glyph_is_monster(glyph):
@@ -118,9 +130,11 @@ class FogOfWarView:
 
     def __init__(self) -> None:
         self.seen = np.zeros((nethack.DUNGEON_SHAPE[0], nethack.DUNGEON_SHAPE[1]), dtype=bool)
-        self._glyphs = np.full(self.seen.shape, _STONE_GLYPH, dtype=np.int16)
-        self._chars = np.full(self.seen.shape, ord(" "), dtype=np.uint8)
         self.hero = (0, 0)
+        self._origin = (0, 0)
+        self._glyphs = np.zeros((0, 0), dtype=np.int16)
+        self._chars = np.zeros((0, 0), dtype=np.uint8)
+        self._seen = np.zeros((0, 0), dtype=bool)
 
     def reset(self) -> None:
         """Forget everything (a new level)."""
@@ -128,27 +142,30 @@ class FogOfWarView:
 
     def update(self, glyphs: np.ndarray, chars: np.ndarray, hero_x: int, hero_y: int) -> None:
         """Take in the current NetHack glyph memory and the hero's position."""
-        self.seen |= glyphs != _STONE_GLYPH
-        self.seen[max(hero_y - 1, 0) : hero_y + 2, max(hero_x - 1, 0) : hero_x + 2] = True
-        # Copies: NLE reuses its buffers and blanks them when the game ends, and the last
-        # picture must survive that.
-        np.copyto(self._glyphs, glyphs)
-        np.copyto(self._chars, chars)
+        seen = self.seen
+        seen |= glyphs != _STONE_GLYPH
+        seen[max(hero_y - 1, 0) : hero_y + 2, max(hero_x - 1, 0) : hero_x + 2] = True
+        rows = seen.any(axis=1).nonzero()[0]
+        cols = seen.any(axis=0).nonzero()[0]
+        y0, y1 = max(rows[0] - 1, 0), min(rows[-1] + 2, seen.shape[0])
+        x0, x1 = max(cols[0] - 1, 0), min(cols[-1] + 2, seen.shape[1])
+        # Copies of the explored crop: NLE reuses its buffers and blanks them when the game
+        # ends, and the last picture must survive that.
+        self._glyphs = glyphs[y0:y1, x0:x1].copy()
+        self._chars = chars[y0:y1, x0:x1].copy()
+        self._seen = seen[y0:y1, x0:x1].copy()
+        self._origin = (int(x0), int(y0))
         self.hero = (int(hero_x), int(hero_y))
 
     def render_map(self) -> str:
         """The explored part of the map as a framed text grid."""
-        rows = np.flatnonzero(self.seen.any(axis=1))
-        cols = np.flatnonzero(self.seen.any(axis=0))
-        y0, y1 = max(rows[0] - 1, 0), min(rows[-1] + 2, self.seen.shape[0])
-        x0, x1 = max(cols[0] - 1, 0), min(cols[-1] + 2, self.seen.shape[1])
-        seen = self.seen[y0:y1, x0:x1]
-        glyphs = self._glyphs[y0:y1, x0:x1]
-        grid = self._chars[y0:y1, x0:x1].copy()
+        x0, y0 = self._origin
+        seen, glyphs = self._seen, self._glyphs
+        grid = self._chars.copy()
         grid[seen & (glyphs == _STONE_GLYPH)] = ord(ROCK)
-        grid[np.isin(glyphs, _OPEN_DOOR_GLYPHS)] = ord(OPEN_DOOR)
+        grid[_IS_OPEN_DOOR[glyphs]] = ord(OPEN_DOOR)
         grid[~seen] = ord(UNEXPLORED)
-        xs = [f"{x:02d}" for x in range(x0, x1)]
+        xs = [f"{x:02d}" for x in range(x0, x0 + grid.shape[1])]
         lines = [
             f"Map (top-left cell is x={x0}, y={y0}; x grows east, y grows south):",
             "     " + "".join(x[0] for x in xs),
@@ -159,22 +176,18 @@ class FogOfWarView:
 
     def features(self) -> list[str]:
         """Notable seen cells (stairs, doors, items, boulders, monsters, traps), nearest first."""
+        x0, y0 = self._origin
         hx, hy = self.hero
         glyphs = self._glyphs
-        notable = self.seen & (
-            nethack.glyph_is_monster(glyphs)
-            | nethack.glyph_is_object(glyphs)
-            | nethack.glyph_is_trap(glyphs)
-            | np.isin(glyphs, _NOTABLE_CMAP_GLYPHS)
-        )
-        notable[hy, hx] = False
-        ys, xs = np.nonzero(notable)
-        order = np.argsort(np.maximum(np.abs(xs - hx), np.abs(ys - hy)), kind="stable")
-        return [
-            f"{_feature_name(int(glyphs[y, x]), chr(self._chars[y, x]))} at x={x}, y={y}"
-            f" ({describe_offset(int(x) - hx, int(y) - hy)})"
-            for y, x in zip(ys[order], xs[order], strict=True)
-        ]
+        notable = self._seen & _IS_NOTABLE[glyphs]
+        notable[hy - y0, hx - x0] = False
+        found = []
+        for y, x in zip(*notable.nonzero(), strict=True):
+            x, y = int(x) + x0, int(y) + y0
+            name = _feature_name(int(glyphs[y - y0, x - x0]), chr(self._chars[y - y0, x - x0]))
+            distance = max(abs(x - hx), abs(y - hy))
+            found.append((distance, f"{name} at x={x}, y={y} ({describe_offset(x - hx, y - hy)})"))
+        return [text for _, text in sorted(found, key=lambda item: item[0])]
 
     def render(self, status: str = "") -> str:
         """Map, the hero's position (and ``status``) and the notable things in view."""
