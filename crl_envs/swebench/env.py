@@ -8,7 +8,9 @@ repository's current diff submitted. Reward 1 iff swebench's report says the tas
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,8 @@ class SWEBenchEnv(TextEnv):
         self.sandbox: Sandbox | None = None
         self.tools: Tools | None = None
         self._steps = 0
+        # LocalSandbox checkouts go to the same place every episode: same seed, same observation.
+        self._workroot: Path | None = None
 
     # ----------------------------------------------------------------- contract
     @property
@@ -159,8 +163,11 @@ class SWEBenchEnv(TextEnv):
     def _make_sandbox(self, instance: dict[str, Any]) -> Sandbox:
         if self.sandbox_kind == "docker":
             return DockerSandbox(instance, client=self._docker_client)
+        if self._workroot is None:
+            self._workroot = Path(tempfile.mkdtemp(prefix="crl-swe-env-"))
+        workdir = self._workroot / "testbed"
         if self.dataset == "toy":
-            sandbox = LocalSandbox(TOY_DIR / "repo")
+            sandbox = LocalSandbox(TOY_DIR / "repo", workdir=workdir)
         else:
             if self.repos_dir is None:
                 raise SandboxError(
@@ -172,7 +179,7 @@ class SWEBenchEnv(TextEnv):
             if not (clone / ".git").exists():
                 raise SandboxError(f"No git clone at {clone}: run `git clone "
                                    f"https://github.com/{instance['repo']} {clone}`.")
-            sandbox = LocalSandbox(clone, base_commit=instance["base_commit"])
+            sandbox = LocalSandbox(clone, base_commit=instance["base_commit"], workdir=workdir)
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=sandbox.repo_dir,
                               capture_output=True, text=True).stdout.strip()
         if head != instance["base_commit"]:
@@ -188,4 +195,7 @@ class SWEBenchEnv(TextEnv):
 
     def close(self) -> None:
         self._close_sandbox()
+        if self._workroot is not None:
+            shutil.rmtree(self._workroot, ignore_errors=True)
+            self._workroot = None
         super().close()

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from crl_envs.errors import UserFacingError
+
 __all__ = [
     "CommandResult",
     "Sandbox",
@@ -78,7 +80,7 @@ _APPLY_COMMANDS = (
 )
 
 
-class SandboxError(RuntimeError):
+class SandboxError(UserFacingError, RuntimeError):
     """The sandbox cannot be set up or used; the message says what to do."""
 
 
@@ -220,7 +222,8 @@ class LocalSandbox(Sandbox):
     """
 
     def __init__(self, source: str | os.PathLike, base_commit: str | None = None,
-                 workdir_name: str = "repo", env: dict[str, str] | None = None) -> None:
+                 workdir: str | os.PathLike | None = None,
+                 env: dict[str, str] | None = None) -> None:
         warnings.warn(
             "LocalSandbox runs the agent's commands on this host, unisolated, with your user's "
             "permissions; use DockerSandbox for untrusted agents.",
@@ -229,10 +232,15 @@ class LocalSandbox(Sandbox):
         source = Path(source)
         if not source.is_dir():
             raise SandboxError(f"LocalSandbox source {source} is not a directory.")
+        # Private files (shell state, grading clones) live apart from the checkout, which is
+        # ``workdir`` when given (a fixed place keeps observations the same for the same seed).
         self._root = Path(tempfile.mkdtemp(prefix="crl-swe-"))
         self._state_dir = self._root / "shell"
         self._state_dir.mkdir()
-        checkout = self._root / workdir_name
+        checkout = Path(workdir) if workdir is not None else self._root / "testbed"
+        if checkout.exists():
+            shutil.rmtree(self._root, ignore_errors=True)
+            raise SandboxError(f"LocalSandbox workdir {checkout} already exists.")
         try:
             if (source / ".git").exists():
                 _run_git(["clone", "-q", "--no-hardlinks", str(source), str(checkout)], self._root)
@@ -241,6 +249,7 @@ class LocalSandbox(Sandbox):
             else:
                 init_repo_from_files(source, checkout)
         except BaseException:
+            shutil.rmtree(checkout, ignore_errors=True)
             shutil.rmtree(self._root, ignore_errors=True)
             raise
         self._checkout = checkout.resolve()
@@ -392,6 +401,7 @@ class LocalSandbox(Sandbox):
         for pgid in self._groups:
             self._kill_group(pgid)
         self._groups.clear()
+        shutil.rmtree(self._checkout, ignore_errors=True)
         shutil.rmtree(self._root, ignore_errors=True)
 
 
