@@ -39,6 +39,13 @@ class Source:
 # Upstream download locations, one entry per dataset (kept here so `crl data fetch` needs no
 # heavy imports).
 SOURCES: dict[str, list[Source]] = {
+    # SWE-bench Verified in swebench 5.x's format, from the hub's current revision (no pinned
+    # checksum: the upstream file is revised in place).
+    "swebench": [
+        Source("verified_test.parquet",
+               "https://huggingface.co/datasets/SWE-bench/SWE-bench_Verified/resolve/main/data/"
+               "test-00000-of-00001.parquet"),
+    ],
 }
 
 
