@@ -78,7 +78,9 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
             raise TypeError("retriever must have retrieve(env_id, query, k).")
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}.")
-        gym.utils.RecordConstructorArgs.__init__(self, k=k, placement=placement, header=header,
+        # The retriever is shared (a live bank), so it is recorded as is, not deep-copied.
+        gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, retriever=retriever,
+                                                 k=k, placement=placement, header=header,
                                                  env_id=env_id)
         gym.Wrapper.__init__(self, env)
         self.retriever = retriever
