@@ -282,7 +282,9 @@ class Tools:
             listing = "\n".join(self.sandbox.list_dir(path, depth=2))
             return ToolResult(f"Here are the files and directories up to 2 levels deep in {path}, "
                               f"excluding hidden items:\n{path}\n{listing}")
-        text = self.sandbox.read_file(path).expandtabs()
+        # Raw text, tabs included: SWE-agent expands tabs and writes them back expanded, which
+        # rewrites every tab-indented file it touches; here an edit changes only what it names.
+        text = self.sandbox.read_file(path)
         lines = text.split("\n")
         first = 1
         if view_range:
@@ -310,8 +312,7 @@ class Tools:
         return ToolResult(f"File created successfully at: {path}")
 
     def _str_replace(self, path: str, old_str: str, new_str: str) -> ToolResult:
-        text = self.sandbox.read_file(path).expandtabs()
-        old_str, new_str = old_str.expandtabs(), new_str.expandtabs()
+        text = self.sandbox.read_file(path)
         count = text.count(old_str) if old_str else 0
         if count == 0:
             return ToolResult(f"No replacement was performed, old_str `{old_str}` did not appear "
@@ -322,14 +323,14 @@ class Tools:
             return ToolResult(f"No replacement was performed. Multiple occurrences of old_str "
                               f"`{old_str}` in lines {lines}. Please ensure it is unique.",
                               valid=False)
-        self._history.setdefault(path, []).append(self.sandbox.read_file(path))
+        self._history.setdefault(path, []).append(text)
         new_text = text.replace(old_str, new_str)
         self.sandbox.write_file(path, new_text)
         edit_line = text.split(old_str)[0].count("\n")
         return ToolResult(self._edited(path, new_text, edit_line, new_str.count("\n")))
 
     def _insert(self, path: str, insert_line: str, new_str: str) -> ToolResult:
-        text = self.sandbox.read_file(path).expandtabs()
+        text = self.sandbox.read_file(path)
         lines = text.split("\n")
         try:
             at = int(insert_line.strip())
@@ -339,8 +340,8 @@ class Tools:
             return ToolResult(f"Invalid `insert_line` parameter: {insert_line}. It should be "
                               f"within the range of lines of the file: [0, {len(lines)}].",
                               valid=False)
-        self._history.setdefault(path, []).append(self.sandbox.read_file(path))
-        new_lines = new_str.expandtabs().split("\n")
+        self._history.setdefault(path, []).append(text)
+        new_lines = new_str.split("\n")
         new_text = "\n".join(lines[:at] + new_lines + lines[at:])
         self.sandbox.write_file(path, new_text)
         return ToolResult(self._edited(path, new_text, at, len(new_lines) - 1))
