@@ -121,6 +121,8 @@ def test_container_start_and_shell_commands():
     assert result.output == "hello\n" and result.exit_code == 0 and not result.timed_out
     client.api.replies.append((b"partial", 124))
     assert box.run("sleep 99", timeout=1).timed_out
+    assert box.diff() == "def f():\n    return 1\n"  # read back whole with get_archive
+    assert "git add -A" in client.api.execs[-1]["cmd"][-1]
     box.close()
     assert client.container.removed is True
 

@@ -217,3 +217,25 @@ def test_sandbox_close_kills_background_jobs(tmp_path):
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
     assert not _alive(pid) and not os.path.exists(box.repo_dir)
+
+
+def test_diff_is_whole_and_independent_of_the_shell_cwd(tools):
+    big = "".join(f"line_{index} = {index}\n" for index in range(3000))  # ~50k characters
+    edit(tools, command="create", path=tools.sandbox.repo_dir + "/big.py", file_text=big)
+    bash(tools, "cd /tmp")
+    diff = tools.sandbox.diff()
+    assert len(diff) > 3 * OUTPUT_LIMIT and "output cut" not in diff and "+line_2999 = 2999" in diff
+
+
+def test_crlf_line_endings_survive_an_edit(tools):
+    path = tools.sandbox.repo_dir + "/win.txt"
+    Path(path).write_bytes(b"one\r\ntwo\r\n")
+    assert edit(tools, command="str_replace", path=path, old_str="two", new_str="2").valid
+    assert Path(path).read_bytes() == b"one\r\n2\r\n"
+
+
+def test_background_writer_does_not_hold_the_command(tools, tmp_path):
+    start = time.monotonic()
+    result = bash(tools, f"(while true; do echo spam; done) & echo $! > {tmp_path}/w.pid; echo ok")
+    assert time.monotonic() - start < 0.9 and "ok" in result.output and "timed out" not in result.output
+    os.kill(int((tmp_path / "w.pid").read_text()), 9)

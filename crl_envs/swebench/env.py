@@ -70,7 +70,7 @@ class SWEBenchEnv(TextEnv):
     Example:
         >>> import warnings, gymnasium as gym, crl_envs
         >>> from crl_envs.swebench.tools import format_tool_call
-        >>> warnings.simplefilter("ignore")
+        >>> warnings.filterwarnings("ignore", message="LocalSandbox")
         >>> env = gym.make("CRL/SWEBenchToy-v0")
         >>> obs, info = env.reset(seed=0)
         >>> obs, reward, terminated, truncated, info = env.step(format_tool_call("submit"))

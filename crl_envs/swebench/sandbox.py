@@ -72,6 +72,8 @@ trap __crl_save EXIT
 eval "$__crl_cmd" < /dev/null
 """
 
+_DIFF_COMMAND = "git add -A && git -c core.fileMode=false diff --cached --no-color HEAD"
+
 # swebench's own patch-application fallbacks (harness.run_evaluation.GIT_APPLY_CMDS), in order.
 _APPLY_COMMANDS = (
     ["git", "apply", "--verbose"],
@@ -151,11 +153,10 @@ class Sandbox(ABC):
     def list_dir(self, path: str, depth: int = 2) -> list[str]:
         """Non-hidden files and directories under ``path``, ``depth`` levels down, sorted."""
 
+    @abstractmethod
     def diff(self) -> str:
-        """The agent's changes against the base commit, new files included (SWE-agent's submit)."""
-        result = self.run("git add -A && git -c core.fileMode=false diff --cached --no-color HEAD",
-                          timeout=60)
-        return result.output if result.exit_code == 0 else ""
+        """The agent's changes against the base commit, new files included (SWE-agent's submit:
+        ``git add -A`` then ``git diff --cached``), in full, wherever the shell has wandered."""
 
     @abstractmethod
     def evaluate(self, instance: dict[str, Any], patch: str, log_dir: Path,
@@ -272,7 +273,7 @@ class LocalSandbox(Sandbox):
                                 start_new_session=True)
         self._groups.add(proc.pid)
         kept, total, timed_out = bytearray(), 0, False
-        deadline = time.monotonic() + timeout
+        deadline, finished_at = time.monotonic() + timeout, None
         with selectors.DefaultSelector() as selector:
             selector.register(proc.stdout, selectors.EVENT_READ)
             while True:
@@ -281,10 +282,13 @@ class LocalSandbox(Sandbox):
                     timed_out = True
                     self._kill_group(proc.pid)
                     break
+                if proc.poll() is not None and finished_at is None:
+                    # A background job may hold the pipe open after the shell is done: read
+                    # what is already there, briefly, then stop.
+                    finished_at = time.monotonic()
+                if finished_at is not None and time.monotonic() - finished_at > 0.05:
+                    break
                 if not selector.select(timeout=min(left, 0.05)):
-                    # A background job may hold the pipe open after the shell is done.
-                    if proc.poll() is not None:
-                        break
                     continue
                 chunk = os.read(proc.stdout.fileno(), 65536)
                 if not chunk:
@@ -319,14 +323,22 @@ class LocalSandbox(Sandbox):
         return real
 
     def read_file(self, path: str) -> str:
-        return Path(self.check_path(path)).read_text(encoding="utf-8", errors="replace")
+        # newline="": line endings stay as they are (CRLF files must not be rewritten as LF)
+        with open(self.check_path(path), encoding="utf-8", errors="replace", newline="") as handle:
+            return handle.read()
 
     def write_file(self, path: str, text: str) -> None:
         target = Path(self.check_path(path))
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.crl-tmp")
-        tmp.write_text(text, encoding="utf-8")
+        with open(tmp, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
         os.replace(tmp, target)
+
+    def diff(self) -> str:
+        done = subprocess.run(["bash", "-c", _DIFF_COMMAND], cwd=self._checkout, env=self._env,
+                              capture_output=True)
+        return done.stdout.decode("utf-8", errors="replace") if done.returncode == 0 else ""
 
     def remove_file(self, path: str) -> None:
         Path(self.check_path(path)).unlink(missing_ok=True)
@@ -486,6 +498,11 @@ class DockerSandbox(Sandbox):
         if not path.startswith("/"):
             raise PathOutsideSandboxError(f"The path {path!r} is not absolute.")
         return str(PurePosixPath(path))
+
+    def diff(self) -> str:
+        patch_file = "/tmp/.crl_submission.diff"
+        result = self._exec(["bash", "-c", f"{_DIFF_COMMAND} > {patch_file}"], timeout=120)
+        return self.read_file(patch_file) if result.exit_code == 0 else ""
 
     def read_file(self, path: str) -> str:
         # get_archive, not `cat` through exec: file contents must not be cut like output.
