@@ -39,6 +39,16 @@ class Source:
 # Upstream download locations, one entry per dataset (kept here so `crl data fetch` needs no
 # heavy imports).
 SOURCES: dict[str, list[Source]] = {
+    # WebShop small (upstream setup.sh -d small, Google Drive); the attribute file is the same file
+    # as ../shared/data/webshop/items_ins_v2_1000.json. The product file is read as upstream's raw
+    # JSON (the shared data holds its recovered index documents, docs_1k.jsonl, instead).
+    "webshop": [
+        Source("items_shuffle_1000.json",
+               "https://drive.google.com/uc?export=download&id=1EgHdxQ_YxqIQlvvq5iKlCrkEKR6-j0Ib"),
+        Source("items_ins_v2_1000.json",
+               "https://drive.google.com/uc?export=download&id=1IduG0xl544V_A_jv3tHXC0kyFi7PnyBu",
+               "f88a36314a397b53b3d9c3fa5878e5f7b26d35019a51ec83fbedeca61a948f6f"),
+    ],
     # SWE-bench Verified in swebench 5.x's format, from the hub's current revision (no pinned
     # checksum: the upstream file is revised in place).
     "swebench": [

@@ -48,7 +48,7 @@ NEXT_PAGE = "Next >"
 PREV_PAGE = "< Prev"
 BACK_TO_SEARCH = "Back to Search"
 SUB_PAGES = ("Description", "Features", "Reviews")
-_ASCII_SPACES = frozenset("\x20\x0a\x09\x0c\x0d")
+_ASCII_SPACES = "\x20\x0a\x09\x0c\x0d"
 
 
 def visible_text(node: str) -> str | None:
@@ -62,7 +62,7 @@ def visible_text(node: str) -> str | None:
     """
     if not node:
         return None
-    if all(ch in _ASCII_SPACES for ch in node):
+    if not node.strip(_ASCII_SPACES):
         return None if "\n" in node else ""
     return node.strip()
 
@@ -108,10 +108,12 @@ class WebShopSite:
     results: list[dict[str, Any]] = field(default_factory=list)
     score: float = 0.0
     reward_info: dict[str, Any] = field(default_factory=dict)
+    _clickables: dict[str, Clickable] | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ actions
     def search(self, keywords: str) -> None:
         """Run a search (upstream ``search_results``): page 1, no product, no options."""
+        self._clickables = None
         self.keywords = keywords.split(" ")
         self.results = self._top_products(" ".join(self.keywords))
         self._show_results(1)
@@ -119,6 +121,7 @@ class WebShopSite:
     def click(self, name: str) -> bool:
         """Click the clickable ``name`` (lower-case, on this page); True when the episode ended."""
         clickable = self.clickables()[name]
+        self._clickables = None
         if name == END_BUTTON.lower():
             self._buy()
             return True
@@ -173,6 +176,8 @@ class WebShopSite:
 
     def clickables(self) -> dict[str, Clickable]:
         """Upstream ``get_available_actions``: lower-cased buttons and links, then option values."""
+        if self._clickables is not None:
+            return self._clickables
         buttons: list[str] = []
         found: dict[str, Clickable] = {}
         if self.page == "index":
@@ -192,6 +197,7 @@ class WebShopSite:
             for option_name, values in self.product["options"].items():
                 for value in values:
                     found[f"{value}"] = Clickable("option", option_name)
+        self._clickables = found
         return found
 
     def text_nodes(self) -> list[str | None]:

@@ -32,7 +32,8 @@ from crl_envs.webshop.search import LuceneBM25
 
 __all__ = ["WebShopEnv", "WebShopResources", "shared_resources"]
 
-# upstream parse_action: r'(.+)\[(.+)\]' with re.match (so text after the last ']' is ignored)
+# upstream parse_action's r'(.+)\[(.+)\]', but over the whole (stripped) action: upstream's
+# re.match ignores text after the last ']', which would take prose around an action for the action
 _ACTION = re.compile(r"(.+)\[(.+)\]")
 SEARCH_PLACEHOLDER = "search[<query>]"
 
@@ -66,7 +67,8 @@ def shared_resources(data_dir: str | None = None, price_seed: int = 0) -> WebSho
     engine = LuceneBM25(catalogue.search_texts, ids=[p["asin"] for p in catalogue.products])
     goals = synthetic_goals(catalogue, price_seed=price_seed)
     weights = np.array([goal["weight"] for goal in goals], dtype=np.float64)
-    return WebShopResources(catalogue, engine, goals, weights, TitleNouns())
+    nouns = TitleNouns(titles=[p["Title"] for p in catalogue.products])
+    return WebShopResources(catalogue, engine, goals, weights, nouns)
 
 
 class WebShopEnv(TextEnv):
@@ -139,7 +141,7 @@ class WebShopEnv(TextEnv):
 
     def _step(self, action: str) -> Transition:
         site = self.site
-        match = _ACTION.match(action.strip())
+        match = _ACTION.fullmatch(action.strip())
         if match is None:
             return self.invalid(
                 f"{action.strip()[:80]!r} is not search[...] or click[...].", self._allowed_text()

