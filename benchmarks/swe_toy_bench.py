@@ -12,6 +12,7 @@ checkout: ``bash`` (``ls``, and a command that changes the session's state), edi
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -80,7 +81,8 @@ def main() -> None:
         tools.append(tool_call_seconds(env))
     env.close()
 
-    print(f"{ENV_ID}, median of {args.runs} runs")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"{ENV_ID}, median of {args.runs} runs ({os.cpu_count()} CPUs, load average {load})")
     print(f"{'phase':<22}{'seconds':>10}")
     for name in episodes[0]:
         print(f"{name:<22}{statistics.median(run[name] for run in episodes):>10.3f}")

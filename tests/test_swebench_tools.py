@@ -239,3 +239,12 @@ def test_background_writer_does_not_hold_the_command(tools, tmp_path):
     result = bash(tools, f"(while true; do echo spam; done) & echo $! > {tmp_path}/w.pid; echo ok")
     assert time.monotonic() - start < 0.9 and "ok" in result.output and "timed out" not in result.output
     os.kill(int((tmp_path / "w.pid").read_text()), 9)
+
+
+def test_nul_bytes_and_oversized_commands_are_invalid_not_errors(tools):
+    result = bash(tools, "echo a\x00b")
+    assert not result.valid and "NUL" in result.output
+    result = bash(tools, "echo " + "x" * 200_000)
+    assert not result.valid and "the limit is 100,000" in result.output
+    result = edit(tools, command="view", path="/tmp/\x00")
+    assert not result.valid

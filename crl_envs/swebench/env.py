@@ -63,6 +63,11 @@ class SWEBenchEnv(TextEnv):
             paper's). Gymnasium hides the TimeLimit from the env it wraps, so when changing
             ``max_episode_steps`` in ``gym.make``, pass the same ``max_steps``.
 
+    Each step is one tool call (``instructions`` give the syntax). A malformed call, or one the
+    tool refuses without changing anything (no match for ``str_replace``, ``create`` over a file,
+    a path outside the checkout), is an invalid action; a bash command that fails is a valid
+    one (it ran; the observation ends with its exit code).
+
     ``reset(options={"task_id": ...})`` picks a task; else the seed does. The final ``info``
     holds ``patch``, ``resolved``, ``fail_to_pass`` and ``pass_to_pass`` (pass fractions),
     ``report`` (swebench's) and ``submitted_by`` (``"submit"`` or ``"step_limit"``).

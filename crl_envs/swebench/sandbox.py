@@ -268,9 +268,12 @@ class LocalSandbox(Sandbox):
                              timeout, cwd=self._checkout)
 
     def _execute(self, argv: list[str], timeout: float, cwd: Path) -> CommandResult:
-        proc = subprocess.Popen(argv, cwd=cwd, env=self._env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env=self._env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        except (OSError, ValueError) as err:  # E2BIG, a vanished checkout, a NUL byte
+            raise SandboxError(f"could not start the command: {err}") from err
         self._groups.add(proc.pid)
         kept, total, timed_out = bytearray(), 0, False
         deadline, finished_at = time.monotonic() + timeout, None

@@ -91,6 +91,7 @@ _EDITOR_COMMANDS: dict[str, set[str]] = {
 _FUNCTION_RE = re.compile(r"<function\s*=\s*([^>\s]*)\s*>(.*?)(?:</function>|\Z)", re.DOTALL)
 _PARAMETER_RE = re.compile(r"<parameter\s*=\s*([^>\s]*)\s*>(.*?)</parameter>", re.DOTALL)
 _SNIPPET_LINES = 4
+MAX_COMMAND_BYTES = 100_000
 
 
 class ToolCallError(ValueError):
@@ -160,6 +161,9 @@ def parse_tool_call(text: str) -> ToolCall:
     missing = required - set(parameters)
     if missing:
         raise ToolCallError(f"{name} needs the parameter(s) {', '.join(sorted(missing))}")
+    with_nul = sorted(key for key, value in parameters.items() if "\x00" in value)
+    if with_nul:  # no path, file or command line can hold one
+        raise ToolCallError(f"parameter(s) {', '.join(with_nul)} contain a NUL character")
     return ToolCall(name, parameters)
 
 
@@ -225,10 +229,15 @@ class Tools:
         """Run ``command`` in the persistent shell; the observation ends with the exit code."""
         if not command.strip():
             return ToolResult("The bash command is empty; write a command to run.", valid=False)
+        size = len(command.encode("utf-8"))
+        if size > MAX_COMMAND_BYTES:  # the kernel's limit on one argument is 128 KiB
+            return ToolResult(f"The bash command is {size:,} bytes; the limit is "
+                              f"{MAX_COMMAND_BYTES:,}. Write long files with "
+                              "str_replace_editor create.", valid=False)
         try:
             result = self.sandbox.run(command, timeout=self.command_timeout)
         except SandboxError as err:
-            return ToolResult(f"The command could not run: {err}")
+            return ToolResult(f"The command could not run: {err}", valid=False)
         output = result.output if result.output else "(no output)\n"
         if not output.endswith("\n"):
             output += "\n"
