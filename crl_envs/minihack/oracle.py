@@ -35,6 +35,7 @@ _MOVES: dict[str, Cell] = {
 }
 _DOORS = ("+", OPEN_DOOR)
 _WALKABLE = {".": 1.0, ">": 1.0, "<": 1.0, "(": 1.0, OPEN_DOOR: 1.0, UNEXPLORED: 1.5, "^": 25.0}
+_INFORMATION_WEIGHT = 6.0  # exploring: one more unknown neighbour is worth 6 steps of detour
 _MONSTER_COST = 6.0  # walking into a monster attacks it: fine when going around is longer
 _MAP_HEADER = re.compile(r"Map \(top-left cell is x=(\d+), y=(\d+);")
 _HERO = re.compile(r"You \(@\) are at x=(\d+), y=(\d+)\.")
@@ -96,31 +97,36 @@ def _step_cost(view: ParsedView, src: Cell, dst: Cell, monsters_ok: bool = True)
     return cost
 
 
-def _cheapest_first_step(view: ParsedView, goals: set[Cell], blocked: set[tuple[Cell, Cell]]) -> str | None:
-    """Dijkstra from the hero to the nearest goal cell; the first move of that path."""
+def _paths(view: ParsedView, blocked: set[tuple[Cell, Cell]]) -> dict[Cell, tuple[float, str]]:
+    """Dijkstra from the hero: every reachable cell with its cost and the first move there.
+
+    Unexplored cells are assumed walkable as destinations, never as waypoints.
+    """
     start = view.hero
-    queue: list[tuple[float, Cell, str | None]] = [(0.0, start, None)]
-    best = {start: 0.0}
+    queue: list[tuple[float, Cell, str]] = [(0.0, start, "")]
+    reached: dict[Cell, tuple[float, str]] = {}
     while queue:
         cost, cell, first = heapq.heappop(queue)
-        if cost > best.get(cell, float("inf")):
+        if cell in reached:
             continue
-        if cell in goals:
-            return first
+        reached[cell] = (cost, first)
+        if view.cells.get(cell) == UNEXPLORED and cell != start:
+            continue
         for name, (dx, dy) in _MOVES.items():
             nxt = (cell[0] + dx, cell[1] + dy)
-            if (cell, nxt) in blocked:
+            if nxt in reached or (cell, nxt) in blocked:
                 continue
             step = _step_cost(view, cell, nxt)
-            if step is None:
-                continue
-            if view.cells.get(cell) == UNEXPLORED and cell != start:
-                continue  # plan into the unknown, never through it
-            total = cost + step
-            if total < best.get(nxt, float("inf")):
-                best[nxt] = total
-                heapq.heappush(queue, (total, nxt, first or name))
-    return None
+            if step is not None:
+                heapq.heappush(queue, (cost + step, nxt, first or name))
+    return reached
+
+
+def _cheapest_first_step(view: ParsedView, goals: set[Cell], blocked: set[tuple[Cell, Cell]]) -> str | None:
+    """The first move of a cheapest path from the hero to any goal cell."""
+    reached = _paths(view, blocked)
+    costs = [(reached[goal][0], goal) for goal in goals if goal in reached and goal != view.hero]
+    return reached[min(costs)[1]][1] if costs else None
 
 
 class MiniHackOracle:
@@ -193,8 +199,20 @@ class MiniHackOracle:
         return self._explore(view)
 
     def _explore(self, view: ParsedView) -> str:
-        frontier = {cell for cell, c in view.cells.items() if c == UNEXPLORED}
-        return _cheapest_first_step(view, frontier, self._blocked) or "north"
+        """Head for the unexplored cell that is cheap to reach and borders the most unknown."""
+        reached = _paths(view, self._blocked)
+        best: tuple[float, str] | None = None
+        for cell, (cost, first) in reached.items():
+            if view.cells.get(cell) != UNEXPLORED:
+                continue
+            unknown = sum(
+                view.cells.get((cell[0] + dx, cell[1] + dy), UNEXPLORED) == UNEXPLORED
+                for dx, dy in _MOVES.values()
+            )
+            score = cost - _INFORMATION_WEIGHT * unknown
+            if best is None or score < best[0]:
+                best = (score, first)
+        return best[1] if best else "north"
 
     def _keyroom(self, view: ParsedView, stairs: set[Cell]) -> str | None:
         if not re.search(r"\bkey\b", view.inventory):
