@@ -140,3 +140,45 @@ def test_close_removes_checkout():
     import os
 
     assert not os.path.exists(repo)
+
+
+def _tree(root: str) -> dict[str, bytes]:
+    import os
+
+    files = {}
+    for current, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in names:
+            path = os.path.join(current, name)
+            files[path] = b"->" + os.readlink(path).encode() if os.path.islink(path) else \
+                open(path, "rb").read()
+    return files
+
+
+def test_random_editor_calls_never_raise_and_invalid_ones_change_nothing():
+    import random
+
+    env = make_env(max_steps=10_000, max_episode_steps=10_000)
+    env.reset(seed=0)
+    repo = env.unwrapped.sandbox.repo_dir
+    rng = random.Random(0)
+    paths = [repo, core_path(env), repo + "/intervals", repo + "/nope.py", "/", "/etc/passwd",
+             repo + "/../x", "relative.py", "", repo + "/intervals/core.py/x", "/proc/self/fd/0"]
+    values = ["", " ", "0", "-1", "5", "999", "[1, 2]", "[3,1]", "[1,-1]", "abc", "[1,2,3]",
+              "merged = []", "\n", "\t", "é", "return"]
+    commands = ["view", "create", "str_replace", "insert", "undo_edit", "bogus", ""]
+    invalid = 0
+    for _ in range(300):
+        parameters = {"command": rng.choice(commands), "path": rng.choice(paths)}
+        for key in ["file_text", "old_str", "new_str", "insert_line", "view_range"]:
+            if rng.random() < 0.4:
+                parameters[key] = rng.choice(values)
+        before = _tree(repo)
+        _, reward, terminated, _, info = env.step(format_tool_call("str_replace_editor",
+                                                                   **parameters))
+        assert not terminated and reward == 0.0
+        if not info["action_valid"]:
+            invalid += 1
+            assert _tree(repo) == before, parameters
+    assert 200 < invalid < 300  # most random calls are refused, some are real edits and views
+    env.close()
