@@ -65,8 +65,11 @@ def test_parse_tool_call_errors_say_what_is_wrong(text, message):
 # ----------------------------------------------------------------------------- bash
 def test_bash_state_carries_over(tools):
     assert bash(tools, "cd pkg && export GREETING=hi && shout() { echo \"$1!\"; }").valid
-    result = bash(tools, "pwd; echo $GREETING; shout hey")
-    assert result.output == f"{tools.sandbox.repo_dir}/pkg\nhi\nhey!\n[exit code 0]"
+    bash(tools, "count=41; names=(a 'b c'); alias hello='echo hello'; exit 4")
+    result = bash(tools, "pwd; echo $GREETING; shout hey; echo $((count + 1)) ${names[1]}; hello")
+    assert result.output == (f"{tools.sandbox.repo_dir}/pkg\nhi\nhey!\n42 b c\nhello\n"
+                             "[exit code 0]")
+    assert bash(tools, "env | grep -c '^count='").output.startswith("0\n")  # not exported
 
 
 def test_bash_reports_exit_code_and_stderr(tools):

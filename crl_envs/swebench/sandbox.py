@@ -8,8 +8,8 @@ Holds:
   driven through the docker SDK; graded by swebench's own ``run_instance``.
 - ``PathOutsideSandboxError``, ``SandboxError``, ``UnisolatedSandboxWarning``.
 
-The shell is persistent in the sense of SWE-agent: the working directory, exported variables,
-functions and aliases carry over from one command to the next. Each command runs as a fresh
+The shell is persistent in the sense of SWE-agent: the working directory, shell and exported
+variables, functions and aliases carry over from one command to the next. Each command runs as a fresh
 ``bash`` in its own process group that first restores that state and saves it on exit, so a
 timeout can kill the whole group without losing the session.
 """
@@ -55,17 +55,26 @@ _READ_CAP = 4 * OUTPUT_LIMIT
 # The eval scripts of SWE-bench put the repository here; observations name it.
 CONTAINER_REPO = "/testbed"
 
-# Restores the session (cwd, exported variables, functions, aliases), runs the command with
-# stdin closed (an interactive program must not wait for input that never comes), and saves the
-# session on every exit path, `exit N` included; the exit status stays the command's.
+# Restores the session (cwd, shell and exported variables, functions, aliases), runs the
+# command with stdin closed (an interactive program must not wait for input that never comes),
+# and saves the session on every exit path, `exit N` included; the exit status stays the
+# command's. Bash's own dynamic and read-only variables are not saved.
 _SHELL_WRAPPER = r"""
 __crl_state=$1; __crl_cmd=$2; set --
 shopt -s expand_aliases
 if [ -f "$__crl_state/cwd" ]; then cd "$(cat "$__crl_state/cwd")" 2>/dev/null; fi
 if [ -f "$__crl_state/env" ]; then . "$__crl_state/env" 2>/dev/null; fi
 __crl_save() {
-  { export -p; declare -f; alias -p; } > "$__crl_state/env.tmp" 2>/dev/null \
-    && mv -f "$__crl_state/env.tmp" "$__crl_state/env"
+  {
+    for __crl_v in $(compgen -v); do
+      case $__crl_v in
+        __crl_*|BASH|BASH[_O]*|BASHPID|COMP_*|DIRSTACK|EPOCH*|EUID|FUNCNAME|GROUPS|HISTCMD|\
+        LINENO|OPTIND|PIPESTATUS|PPID|PWD|RANDOM|SECONDS|SHELLOPTS|SHLVL|SRANDOM|UID|_) ;;
+        *) declare -p "$__crl_v" ;;
+      esac
+    done
+    declare -f; alias -p
+  } > "$__crl_state/env.tmp" 2>/dev/null && mv -f "$__crl_state/env.tmp" "$__crl_state/env"
   pwd > "$__crl_state/cwd"
 }
 trap __crl_save EXIT
@@ -487,7 +496,13 @@ class DockerSandbox(Sandbox):
             total += len(chunk)
             if len(kept) < _READ_CAP:
                 kept += chunk[: _READ_CAP - len(kept)]
-        exit_code = api.exec_inspect(exec_id)["ExitCode"]
+        state = api.exec_inspect(exec_id)
+        for _ in range(100):  # the daemon may report the exec as running a moment after EOF
+            if not state.get("Running"):
+                break
+            time.sleep(0.02)
+            state = api.exec_inspect(exec_id)
+        exit_code = state["ExitCode"]
         output = cut_output(kept.decode("utf-8", errors="replace"),
                             total=total if total > len(kept) else None)
         if exit_code in (124, 137):  # coreutils timeout: TERM sent (124) or KILL needed (137)

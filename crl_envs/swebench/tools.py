@@ -48,8 +48,8 @@ value
 </function>
 
 Tools:
-- bash: run a command in a persistent shell (the working directory, exported variables,
-  functions and aliases carry over). Parameters: command. Commands cannot read stdin; long
+- bash: run a command in a persistent shell (the working directory, variables, functions
+  and aliases carry over). Parameters: command. Commands cannot read stdin; long
   runs are killed after the timeout; output over 16,000 characters is cut.
 - str_replace_editor: view and edit files; paths are absolute. Parameters: command (one of
   view, create, str_replace, insert, undo_edit), path, and per command:
