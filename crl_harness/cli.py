@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("crl_harness.commands.data", "fetch benchmark data from the upstream sources"),
     "train": ("crl_harness.commands.train", "train an agent with Complementary RL or a baseline arm"),
     "swe": ("crl_harness.commands.swe", "SWE-bench tools: filter tasks by pass rate"),
+    "eval": ("crl_harness.commands.eval", "benchmark an agent (scripted or a model) on CRL envs"),
 }
 
 

@@ -1,0 +1,151 @@
+"""Agents that play one episode at a time: the model agent, the scripted oracles, a human.
+
+Holds:
+- ``Agent``: the step-at-a-time protocol (the same as ``crl_envs.oracles.ScriptedAgent``).
+- ``ModelAgent``: a model backend behind that protocol (one prompt per step, for ``crl play``;
+  batched play over many episodes is ``crl_harness.rollout.RolloutEngine``).
+- ``HumanAgent``: reads actions from the terminal.
+- ``make_agent``: ``"scripted"`` / ``"human"`` / a model spec -> an agent for one env.
+- ``run_episode``: plays one episode with any ``Agent`` and returns a ``Trajectory``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import gymnasium as gym
+
+from crl_envs.oracles import make_oracle
+from crl_harness.models.base import ModelBackend
+from crl_harness.prompting import Conversation, parse_answer, system_prompt
+from crl_harness.rollout import (
+    EpisodeSpec,
+    RolloutConfig,
+    Trajectory,
+    Turn,
+    task_id_of,
+    transcript_of,
+)
+
+__all__ = ["Agent", "ModelAgent", "HumanAgent", "make_agent", "run_episode"]
+
+
+class Agent(Protocol):
+    """Plays one episode at a time: ``reset`` on the first observation, then ``act`` each step."""
+
+    def reset(self, observation: str, info: dict[str, Any]) -> None: ...
+
+    def act(self, observation: str, info: dict[str, Any]) -> str: ...
+
+
+class ModelAgent:
+    """A model backend as a step-at-a-time agent.
+
+    A reply outside the answer format is passed to the env as it is, so the env answers with
+    its invalid-action message; ``last_reply`` and ``last_format_ok`` tell what happened.
+
+    Example:
+        >>> import tempfile, gymnasium as gym, crl_envs
+        >>> from crl_harness.models import HFBackend
+        >>> from crl_harness.models.tiny import build_tiny_model
+        >>> agent = ModelAgent(HFBackend(build_tiny_model(tempfile.mkdtemp())),
+        ...                    RolloutConfig(max_new_tokens=4, seed=0))
+        >>> env = gym.make("CRL/Sokoban-v0")
+        >>> traj = run_episode(env, agent, EpisodeSpec("CRL/Sokoban-v0", seed=0))
+        >>> traj.steps, traj.won
+        (30, False)
+    """
+
+    def __init__(self, backend: ModelBackend, config: RolloutConfig | None = None) -> None:
+        self.backend = backend
+        self.config = config or RolloutConfig()
+        self.conversation = Conversation("")
+        self.last_reply = ""
+        self.last_format_ok = True
+        self._calls = 0
+
+    def reset(self, observation: str, info: dict[str, Any]) -> None:
+        task = info.get("task", "") or ""
+        self.conversation = Conversation(
+            system_prompt(info.get("instructions", ""), info.get("experience", "") or "",
+                          task="" if task in observation else task),
+            self.config.history,
+        )
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        cfg = self.config
+        self.conversation.observe(observation)
+        messages = self.conversation.messages(self.backend.max_context - cfg.max_new_tokens,
+                                              self.backend.count_tokens)
+        seed = None if cfg.seed is None else cfg.seed + self._calls
+        self._calls += 1
+        [generation] = self.backend.generate([messages], max_new_tokens=cfg.max_new_tokens,
+                                             temperature=cfg.temperature, top_p=cfg.top_p, seed=seed)
+        self.conversation.reply(generation.text)
+        parsed = parse_answer(generation.text)
+        self.last_reply, self.last_format_ok = generation.text, parsed.format_ok
+        return parsed.action if parsed.action is not None else generation.text
+
+
+class HumanAgent:
+    """Reads each action from the terminal; ``?`` lists the admissible actions when known."""
+
+    def __init__(self, read: Callable[[str], str] = input, write: Callable[[str], None] = print):
+        self.read, self.write = read, write
+
+    def reset(self, observation: str, info: dict[str, Any]) -> None:
+        if info.get("instructions"):
+            self.write(info["instructions"])
+        if info.get("task"):
+            self.write(f"Task: {info['task']}")
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        self.write(observation)
+        while True:
+            action = self.read("action> ").strip()
+            if action == "?":
+                allowed = info.get("admissible_actions")
+                self.write(", ".join(allowed) if allowed else "This env has no finite action list.")
+                continue
+            return action
+
+
+def make_agent(spec: str, env_id: str, env: gym.Env, config: RolloutConfig | None = None) -> Agent:
+    """``scripted`` (the env's oracle), ``human``, or a model spec such as ``hf:smollm2-135m``."""
+    if spec == "scripted":
+        return make_oracle(env_id, env)
+    if spec == "human":
+        return HumanAgent()
+    from crl_harness.models.registry import load_backend
+
+    return ModelAgent(load_backend(spec), config)
+
+
+def run_episode(env: gym.Env, agent: Agent, spec: EpisodeSpec) -> Trajectory:
+    """Play one episode of ``env`` with ``agent``; token fields stay empty for non-model agents."""
+    traj = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience)
+    observation, info = env.reset(seed=spec.seed, options=dict(spec.options or {}))
+    traj.task = info.get("task", "") or ""
+    traj.task_id = task_id_of(spec.env_id, spec.seed, info)
+    traj.experience_ids = list(info.get("experience_ids", []))
+    agent.reset(observation, info)
+    done = False
+    while not done:
+        action = agent.act(observation, info)
+        turn = Turn(prompt_token_ids=[], token_ids=[], logprobs=[], text=action, action=action,
+                    observation=observation)
+        if isinstance(agent, ModelAgent):
+            turn.format_ok = agent.last_format_ok
+            traj.format_failures += not agent.last_format_ok
+        observation, reward, terminated, truncated, info = env.step(action)
+        turn.reward, turn.action_valid = float(reward), bool(info.get("action_valid", True))
+        traj.turns.append(turn)
+        traj.steps += 1
+        traj.reward += float(reward)
+        traj.invalid_actions += not turn.action_valid
+        traj.won, traj.score = bool(info.get("won", False)), float(info.get("score", 0.0))
+        traj.terminated, traj.truncated = bool(terminated), bool(truncated)
+        done = terminated or truncated
+    traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score)
+    return traj

@@ -1,0 +1,117 @@
+"""``crl eval``: benchmark an agent on CRL envs and write a table, a JSON report and a chart.
+
+Example: ``crl eval --agent scripted --envs all --episodes 20`` or
+``crl eval --agent hf:smollm2-135m --envs CRL/MiniHackRoom-v0 --episodes 8``.
+Writes into ``--out`` (default ``runs/eval-TIMESTAMP``): ``results.jsonl`` (one attempt a line,
+appended as episodes finish; the input of ``crl swe filter``), ``report.json`` and
+``success.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from crl_envs.errors import UserFacingError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--agent", required=True,
+                        help="scripted | hf:NAME_OR_PATH | vllm:NAME_OR_PATH | openai:BASE_URL#MODEL")
+    parser.add_argument("--envs", required=True,
+                        help="comma-separated env ids, 'all', or a mixture config name (mix3, mix6)")
+    parser.add_argument("--episodes", type=int, default=None,
+                        help="episodes per env (default 10, or the number of --seeds)")
+    parser.add_argument("--seeds", default=None,
+                        help="START (default 0), A-B or A,B,C: the seeds played on every env")
+    parser.add_argument("--experience", default=None, metavar="BANK_PATH",
+                        help="an experience bank (SQLite file): retrieved entries go into prompts")
+    parser.add_argument("--experience-k", type=int, default=1, help="entries retrieved per episode")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="threads for env steps (scripted: episodes played at once)")
+    parser.add_argument("--out", default=None, help="output folder (default runs/eval-TIMESTAMP)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="cap on one reply")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--history", type=int, default=None,
+                        help="earlier turns kept in the prompt (default: all that fit)")
+    parser.add_argument("--max-live", type=int, default=64,
+                        help="model agents: episodes generated for in one batch")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+class _RetrieveOnly:
+    """The bank as a retriever that never reports outcomes: evaluation leaves credit alone."""
+
+    def __init__(self, manager) -> None:
+        self._manager = manager
+
+    def retrieve(self, env_id: str, query: str, k: int):
+        return self._manager.retrieve(env_id, query, k)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from crl_harness.eval import (
+        episode_specs,
+        evaluate,
+        expand_env_ids,
+        parse_seeds,
+        plot_success,
+        render_table,
+        summarize,
+        write_report,
+    )
+    from crl_harness.rollout import RolloutConfig
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = 140  # logs and CI: room for every column
+    env_ids = expand_env_ids(args.envs)
+    seeds = parse_seeds(args.seeds, args.episodes)
+    out = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.jsonl"
+    if results_path.exists():
+        raise UserFacingError(f"{results_path} already exists; pick another --out.")
+
+    retriever = None
+    if args.experience:
+        if not Path(args.experience).exists():
+            raise UserFacingError(f"No experience bank at {args.experience}.")
+        from crl_harness.experience import ExperienceBank, ExperienceManager
+
+        retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(args.experience)))
+    specs = episode_specs(env_ids, seeds, use_experience=retriever is not None)
+    rollout = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            top_p=args.top_p, history=args.history, max_live=args.max_live,
+                            workers=args.workers, experience_k=args.experience_k, seed=args.seed)
+    console.print(f"[bold]crl eval[/]: {args.agent} on {len(env_ids)} env(s) x {len(seeds)} "
+                  f"episodes -> {out}")
+    started = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("wins {task.fields[wins]}"), TimeElapsedColumn(),
+                  console=console, disable=args.no_progress or args.agent == "human") as progress:
+        bar = progress.add_task("episodes", total=len(specs), wins=0)
+
+        def done(traj) -> None:
+            progress.update(bar, advance=1, wins=progress.tasks[bar].fields["wins"] + traj.won)
+
+        trajectories = evaluate(args.agent, specs, results_path=results_path, retriever=retriever,
+                                rollout=rollout, workers=args.workers, on_done=done)
+    seconds = time.perf_counter() - started
+    summaries = summarize(trajectories)
+    title = f"{args.agent}: {len(trajectories)} episodes in {seconds:.1f}s"
+    console.print(render_table(summaries, title=title))
+    write_report(out / "report.json", trajectories, meta={
+        "agent": args.agent, "envs": env_ids, "seeds": seeds, "experience": args.experience,
+        "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+        "history": args.history, "seconds": round(seconds, 2),
+    })
+    plot_success(out / "success.png", summaries, title=args.agent)
+    console.print(f"wrote {results_path}, {out / 'report.json'}, {out / 'success.png'}")
+    return 0

@@ -1,0 +1,301 @@
+"""Benchmark any agent on any CRL envs: success rates with confidence intervals, report files.
+
+Holds:
+- ``EnvSummary`` / ``summarize``: per-env success rate (Wilson 95% interval), mean steps of
+  successes, invalid-action and format-failure rates, generated tokens, errors.
+- ``wilson_interval``, ``expand_env_ids`` (ids, ``all`` or a mixture config name such as
+  ``mix3``), ``parse_seeds``, ``episode_specs``.
+- ``evaluate``: plays the episodes (scripted/human agents one step at a time in worker threads,
+  model agents through the batched ``RolloutEngine``); each finished episode is appended at once
+  to the ``crl-results/1`` attempts file (``crl_harness.results``), so a crash loses nothing
+  already played.
+- ``write_report`` (JSON), ``plot_success`` (bar chart PNG), ``render_table`` (rich).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from crl_envs import ENV_IDS
+from crl_envs.errors import UserFacingError
+from crl_harness.results import FORMAT, Attempt, append_attempt, tally
+from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory, make_env
+
+__all__ = ["EnvSummary", "summarize", "wilson_interval", "expand_env_ids", "parse_seeds",
+           "episode_specs", "evaluate", "write_report", "plot_success", "render_table"]
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial rate (sound at 0%, 100% and small n).
+
+    Example:
+        >>> [round(x, 3) for x in wilson_interval(20, 20)]
+        [0.839, 1.0]
+    """
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class EnvSummary:
+    """What one env's episodes add up to."""
+
+    env_id: str
+    episodes: int
+    successes: int
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    mean_steps_success: float | None  # None when nothing succeeded
+    invalid_action_rate: float  # invalid steps (format failures included) over all steps
+    format_failure_rate: float  # replies outside the answer format over all steps
+    mean_reward: float
+    mean_score: float
+    generated_tokens: int
+    errors: int  # episodes the env itself failed (not counted as attempts)
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> list[EnvSummary]:
+    """One ``EnvSummary`` per env id, in first-seen order; env failures are counted apart."""
+    by_env: dict[str, list[Trajectory]] = {}
+    for traj in trajectories:
+        by_env.setdefault(traj.env_id, []).append(traj)
+    summaries = []
+    for env_id, trajs in by_env.items():
+        played = [t for t in trajs if not t.error]
+        wins = [t for t in played if t.won]
+        steps = sum(t.steps for t in played)
+        low, high = wilson_interval(len(wins), len(played))
+        summaries.append(EnvSummary(
+            env_id=env_id, episodes=len(played), successes=len(wins),
+            success_rate=len(wins) / len(played) if played else 0.0, ci_low=low, ci_high=high,
+            mean_steps_success=sum(t.steps for t in wins) / len(wins) if wins else None,
+            invalid_action_rate=sum(t.invalid_actions for t in played) / steps if steps else 0.0,
+            format_failure_rate=sum(t.format_failures for t in played) / steps if steps else 0.0,
+            mean_reward=sum(t.reward for t in played) / len(played) if played else 0.0,
+            mean_score=sum(t.score for t in played) / len(played) if played else 0.0,
+            generated_tokens=sum(t.generated_tokens for t in played),
+            errors=len(trajs) - len(played),
+        ))
+    return summaries
+
+
+def expand_env_ids(text: str) -> list[str]:
+    """Comma-separated env ids, ``all``, or a config name (``mix3``) whose mixture is used.
+
+    Example:
+        >>> expand_env_ids("CRL/Sokoban-v0,CRL/MiniHackRoom-v0")
+        ['CRL/Sokoban-v0', 'CRL/MiniHackRoom-v0']
+    """
+    ids: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part == "all":
+            ids.extend(ENV_IDS)
+        elif part in ENV_IDS:
+            ids.append(part)
+        else:
+            from crl_harness.config import ConfigError, load_config
+
+            try:
+                ids.extend(entry.id for entry in load_config(part).tasks.envs)
+            except ConfigError as err:
+                raise UserFacingError(
+                    f"'{part}' is neither an env id ({', '.join(ENV_IDS)}), 'all', nor a mixture "
+                    f"config: {err}"
+                ) from err
+    if not ids:
+        raise UserFacingError("--envs names no env; give ids, 'all' or a mixture such as mix3.")
+    return list(dict.fromkeys(ids))
+
+
+def parse_seeds(text: str | None, episodes: int | None) -> list[int]:
+    """Seeds from ``START`` (with ``episodes``), ``A-B`` (inclusive) or ``A,B,C``.
+
+    Example:
+        >>> parse_seeds("100", 3), parse_seeds("0-2", None), parse_seeds("5,7", None)
+        ([100, 101, 102], [0, 1, 2], [5, 7])
+    """
+    text = (text or "0").strip()
+    if re.fullmatch(r"-?\d+", text):
+        return list(range(int(text), int(text) + (episodes if episodes is not None else 10)))
+    if match := re.fullmatch(r"(-?\d+)-(-?\d+)", text):
+        seeds = list(range(int(match[1]), int(match[2]) + 1))
+    elif re.fullmatch(r"-?\d+(,\s*-?\d+)+,?", text):
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    else:
+        raise UserFacingError(f"Bad --seeds {text!r}: use START, A-B or A,B,C.")
+    if episodes is not None and episodes != len(seeds):
+        raise UserFacingError(f"--episodes {episodes} disagrees with the {len(seeds)} seeds of "
+                              f"--seeds {text}; give one of them.")
+    return seeds
+
+
+def episode_specs(env_ids: Sequence[str], seeds: Sequence[int],
+                  use_experience: bool = False) -> list[EpisodeSpec]:
+    """Every env id with every seed, interleaved so that envs share the batch from the start."""
+    return [EpisodeSpec(env_id, seed, group_id=i, use_experience=use_experience)
+            for i, seed in enumerate(seeds) for env_id in env_ids]
+
+
+def evaluate(
+    agent: str,
+    specs: Sequence[EpisodeSpec],
+    *,
+    results_path: str | Path | None = None,
+    backend: Any = None,
+    retriever: Any = None,
+    rollout: RolloutConfig | None = None,
+    workers: int = 1,
+    on_done: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """Play ``specs`` with ``agent`` (``scripted``, ``human`` or a model spec) and return them.
+
+    A model agent uses ``backend`` when given (else it is loaded from the spec) and the batched
+    rollout engine; other agents play one episode per worker thread. Each finished episode is
+    appended to ``results_path`` (a ``crl-results/1`` file) before ``on_done`` sees it.
+    """
+    lock = threading.Lock()
+
+    def finished(traj: Trajectory) -> None:
+        with lock:
+            if results_path is not None and not traj.error:
+                append_attempt(results_path, Attempt(
+                    task_id=traj.task_id, won=traj.won, reward=traj.reward, score=traj.score,
+                    steps=traj.steps, seed=traj.seed, env_id=traj.env_id, model=agent,
+                    extra={"format_failures": traj.format_failures,
+                           "invalid_actions": traj.invalid_actions,
+                           "generated_tokens": traj.generated_tokens}))
+            if on_done is not None:
+                on_done(traj)
+
+    if agent in ("scripted", "human"):
+        return _play_step_agents(agent, specs, retriever, workers, finished)
+    if backend is None:
+        from crl_harness.models.registry import load_backend
+
+        backend = load_backend(agent)
+    config = rollout or RolloutConfig()
+    config.workers = max(config.workers, workers)
+    engine = RolloutEngine(backend, retriever=retriever, config=config)
+    try:
+        return engine.run(specs, on_done=finished)
+    finally:
+        engine.close()
+
+
+def _play_step_agents(agent: str, specs: Sequence[EpisodeSpec], retriever: Any, workers: int,
+                      finished: Callable[[Trajectory], None]) -> list[Trajectory]:
+    from crl_harness.agents import make_agent, run_episode
+
+    local = threading.local()  # each worker thread keeps one env per id (envs are not shared)
+
+    def play(spec: EpisodeSpec) -> Trajectory:
+        envs = local.__dict__.setdefault("envs", {})
+        if spec.env_id not in envs:
+            envs[spec.env_id] = make_env(spec.env_id, retriever)
+        env = envs[spec.env_id]
+        try:
+            traj = run_episode(env, make_agent(agent, spec.env_id, env), spec)
+        except UserFacingError:
+            raise
+        except Exception as err:  # noqa: BLE001 - an env failure ends only its episode
+            traj = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience,
+                              error=f"{type(err).__name__}: {err}")
+            env.close()
+            del envs[spec.env_id]
+        finished(traj)
+        return traj
+
+    if agent == "human":
+        workers = 1
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(play, specs))
+
+
+def write_report(path: str | Path, trajectories: Sequence[Trajectory],
+                 meta: dict[str, Any]) -> dict[str, Any]:
+    """Write the JSON report: settings, per-env summaries, per-task attempts, every episode."""
+    summaries = summarize(trajectories)
+    per_task: dict[str, dict[str, Any]] = {}
+    for env_id in dict.fromkeys(t.env_id for t in trajectories):
+        attempts = [Attempt(task_id=t.task_id, won=t.won) for t in trajectories
+                    if t.env_id == env_id and not t.error]
+        per_task[env_id] = {
+            task_id: {"attempts": c.attempts, "successes": c.successes, "pass_rate": c.pass_rate}
+            for task_id, c in tally(attempts).items()
+        }
+    report = {
+        "meta": meta,
+        "results_format": FORMAT,
+        "envs": [asdict(s) for s in summaries],
+        "tasks": per_task,
+        "episodes": [
+            {"env_id": t.env_id, "seed": t.seed, "task_id": t.task_id, "won": t.won,
+             "reward": t.reward, "score": t.score, "steps": t.steps,
+             "invalid_actions": t.invalid_actions, "format_failures": t.format_failures,
+             "generated_tokens": t.generated_tokens, "truncated": t.truncated, "error": t.error}
+            for t in trajectories
+        ],
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path)
+    return report
+
+
+def plot_success(path: str | Path, summaries: Sequence[EnvSummary], title: str = "") -> None:
+    """Bar chart of success rate per env with the 95% interval as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [s.env_id.removeprefix("CRL/") for s in summaries]
+    rates = [100 * s.success_rate for s in summaries]
+    errors = [[100 * (s.success_rate - s.ci_low) for s in summaries],
+              [100 * (s.ci_high - s.success_rate) for s in summaries]]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 1), 3.6))
+    ax.bar(names, rates, yerr=errors, capsize=4, color="#4878d0")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("success rate (%)")
+    ax.set_title(title)
+    ax.tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def render_table(summaries: Sequence[EnvSummary], title: str = "") -> Any:
+    """A rich ``Table`` with one row per env."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("env", "episodes", "success", "95% CI", "steps (wins)", "invalid",
+                   "format fail", "tokens", "errors"):
+        table.add_column(column, justify="left" if column == "env" else "right")
+    for s in summaries:
+        table.add_row(
+            s.env_id, str(s.episodes), f"{100 * s.success_rate:.1f}%",
+            f"{100 * s.ci_low:.1f}-{100 * s.ci_high:.1f}%",
+            "-" if s.mean_steps_success is None else f"{s.mean_steps_success:.1f}",
+            f"{100 * s.invalid_action_rate:.1f}%", f"{100 * s.format_failure_rate:.1f}%",
+            str(s.generated_tokens), str(s.errors),
+        )
+    return table

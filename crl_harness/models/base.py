@@ -1,0 +1,123 @@
+"""What every model backend speaks: chat messages in, ``Generation`` objects out.
+
+Holds:
+- ``Message``: one chat message (``{"role": ..., "content": ...}``).
+- ``Generation``: one sampled completion with its token ids and per-token log-probs.
+- ``ModelBackend``: the protocol of the HF, vLLM and OpenAI-compatible backends.
+- ``ModelNotFoundError`` / ``BackendUnavailableError``: the one error each failure raises, with
+  the message that says what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from crl_envs.errors import UserFacingError
+
+__all__ = [
+    "Message",
+    "Generation",
+    "ModelBackend",
+    "ModelNotFoundError",
+    "BackendUnavailableError",
+    "STOP",
+    "LENGTH",
+]
+
+Message = dict[str, str]
+
+STOP = "stop"  # the model ended its answer (end-of-turn / EOS token)
+LENGTH = "length"  # max_new_tokens was reached first
+
+
+class ModelNotFoundError(UserFacingError, FileNotFoundError):
+    """A model name, path or package is not on this machine; the message says how to get it."""
+
+
+class BackendUnavailableError(UserFacingError, ImportError):
+    """The library a backend needs is not installed; the message names the pip command."""
+
+
+@dataclass
+class Generation:
+    """One completion of one prompt.
+
+    ``token_ids`` are the ids exactly as sampled (including the final end-of-turn token when
+    ``finish_reason == "stop"``), never re-tokenised from ``text``; ``logprobs`` holds one value
+    per generated token under the sampling distribution (temperature and top-p applied), which
+    is what the trainer's importance ratio needs. ``text`` is the decoded answer without special
+    tokens.
+
+    Example:
+        >>> g = Generation(text="hi", prompt_token_ids=[1, 2], token_ids=[7, 0], logprobs=[-0.1, -0.2],
+        ...                finish_reason="stop")
+        >>> g.num_tokens
+        2
+    """
+
+    text: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        """How many tokens the model generated."""
+        return len(self.token_ids)
+
+
+@runtime_checkable
+class ModelBackend(Protocol):
+    """A batched chat model.
+
+    ``generate`` takes many conversations at once (one batched call per rollout turn) and
+    returns one ``Generation`` each, in order. ``seed`` makes sampling repeatable where the
+    backend allows it. ``load_weights`` replaces the weights in place (the trainer calls it
+    between steps); backends that cannot raise ``NotImplementedError``. ``count_tokens`` is what
+    the prompt builder uses to keep a history within ``max_context``.
+    """
+
+    name: str
+    max_context: int
+
+    def generate(
+        self,
+        prompts: list[list[Message]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Generation]: ...
+
+    def load_weights(self, state_dict: dict[str, Any]) -> None: ...
+
+    def count_tokens(self, messages: list[Message]) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def encode_chat(tokenizer: Any, messages: list[Message]) -> list[int]:
+    """Token ids of ``messages`` under the tokenizer's chat template, ready for the answer.
+
+    The template is rendered to text and then tokenised without adding special tokens again,
+    so a template that writes its own BOS does not get a second one.
+    """
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def stop_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
+    """The ids that end an answer: the tokenizer's EOS and the generation config's EOS ids."""
+    ids: set[int] = set()
+    for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source is not None:
+            ids.update(int(i) for i in source)
+    if not ids:
+        raise ValueError("The tokenizer has no EOS token; set tokenizer.eos_token before generating.")
+    return ids

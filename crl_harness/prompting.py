@@ -1,0 +1,159 @@
+"""Prompts for the actor and the strict parser of its answers.
+
+Holds:
+- ``ANSWER_FORMAT``: the instruction that asks for the paper's ``<think>...</think><answer>ACTION</answer>``.
+- ``system_prompt``: env instructions + answer format + the experience block when present.
+- ``parse_answer`` / ``ParsedAnswer``: the strict parser; anything else is a format failure.
+- ``Conversation``: one episode's messages, with the history setting (all turns that fit the
+  context, or the last k turns).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from crl_harness.models.base import Message
+
+__all__ = [
+    "ANSWER_FORMAT",
+    "EXPERIENCE_HEADER",
+    "ParsedAnswer",
+    "parse_answer",
+    "format_error_message",
+    "system_prompt",
+    "Conversation",
+]
+
+ANSWER_FORMAT = (
+    "Reply in exactly this format and nothing else:\n"
+    "<think>your short reasoning</think><answer>ONE ACTION</answer>\n"
+    "The answer holds a single action written as the rules above say."
+)
+EXPERIENCE_HEADER = "Distilled knowledge from earlier experience (use it when it helps):"
+
+_ANSWER = re.compile(r"\A\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*\Z",
+                     re.DOTALL)
+_TAG = re.compile(r"</?(think|answer)>")
+
+
+@dataclass(frozen=True)
+class ParsedAnswer:
+    """What the parser made of one reply: the action, or the reason it has none."""
+
+    action: str | None
+    think: str = ""
+    error: str = ""
+
+    @property
+    def format_ok(self) -> bool:
+        return self.action is not None
+
+
+def parse_answer(text: str) -> ParsedAnswer:
+    """Parse ``<think>...</think><answer>ACTION</answer>`` strictly.
+
+    The reply must be one think block then one answer block, with nothing but whitespace around
+    them, no nested tags, and a non-empty single-line action.
+
+    Example:
+        >>> parse_answer("<think>go on</think><answer> east </answer>").action
+        'east'
+        >>> parse_answer("east").error
+        'no <think>...</think><answer>...</answer> block'
+    """
+    match = _ANSWER.match(text)
+    if match is None:
+        return ParsedAnswer(None, error="no <think>...</think><answer>...</answer> block")
+    think, answer = match["think"], match["answer"].strip()
+    if _TAG.search(think) or _TAG.search(answer):
+        return ParsedAnswer(None, think, error="nested or repeated <think>/<answer> tags")
+    if not answer:
+        return ParsedAnswer(None, think, error="the <answer> block is empty")
+    if "\n" in answer:
+        return ParsedAnswer(None, think, error="the <answer> block holds more than one line")
+    return ParsedAnswer(answer, think.strip())
+
+
+def format_error_message(error: str) -> str:
+    """The observation an agent gets after a reply the parser rejected (the env did not move)."""
+    return (
+        f"Invalid format: {error}. Nothing happened. Reply as "
+        "<think>your short reasoning</think><answer>ONE ACTION</answer>."
+    )
+
+
+def system_prompt(instructions: str, experience: str = "", task: str = "") -> str:
+    """Env instructions, then the task when given, the answer format, and the experience block.
+
+    Example:
+        >>> print(system_prompt("Move with north/south.", experience="Walls block moves."))
+        Move with north/south.
+        <BLANKLINE>
+        Reply in exactly this format and nothing else:
+        <think>your short reasoning</think><answer>ONE ACTION</answer>
+        The answer holds a single action written as the rules above say.
+        <BLANKLINE>
+        Distilled knowledge from earlier experience (use it when it helps):
+        Walls block moves.
+    """
+    parts = [instructions.strip()] if instructions.strip() else []
+    if task.strip():
+        parts.append(f"Your task: {task.strip()}")
+    parts.append(ANSWER_FORMAT)
+    if experience.strip():
+        parts.append(f"{EXPERIENCE_HEADER}\n{experience.strip()}")
+    return "\n\n".join(parts)
+
+
+@dataclass
+class Conversation:
+    """One episode as chat messages: system prompt, then observation/reply turns.
+
+    ``history=None`` keeps every earlier turn that fits in the token budget (oldest dropped
+    first); ``history=k`` keeps at most the last k earlier turns. The current observation and the
+    system prompt are always kept.
+
+    Example:
+        >>> conv = Conversation("rules", history=1)
+        >>> conv.observe("obs 1"); conv.reply("a 1"); conv.observe("obs 2"); conv.reply("a 2")
+        >>> conv.observe("obs 3")
+        >>> [m["content"] for m in conv.messages()]
+        ['rules', 'obs 2', 'a 2', 'obs 3']
+    """
+
+    system: str
+    history: int | None = None
+    turns: list[tuple[str, str]] = field(default_factory=list)  # (observation, reply)
+    current: str = ""
+
+    def observe(self, observation: str) -> None:
+        self.current = observation
+
+    def reply(self, text: str) -> None:
+        self.turns.append((self.current, text))
+        self.current = ""
+
+    def messages(self, budget: int | None = None,
+                 count_tokens: Callable[[list[Message]], int] | None = None) -> list[Message]:
+        """The prompt for the next reply, trimmed to ``budget`` tokens when both are given."""
+        if self.history is None:
+            turns = self.turns
+        else:
+            turns = self.turns[-self.history:] if self.history > 0 else []
+        messages = self._render(turns)
+        if budget is None or count_tokens is None:
+            return messages
+        while turns and count_tokens(messages) > budget:
+            turns = turns[1:]
+            messages = self._render(turns)
+        return messages
+
+    def _render(self, turns: list[tuple[str, str]]) -> list[Message]:
+        messages: list[Message] = [{"role": "system", "content": self.system}]
+        for observation, reply in turns:
+            messages.append({"role": "user", "content": observation})
+            messages.append({"role": "assistant", "content": reply})
+        messages.append({"role": "user", "content": self.current})
+        return messages
