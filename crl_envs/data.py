@@ -56,6 +56,15 @@ SOURCES: dict[str, list[Source]] = {
                "https://huggingface.co/datasets/SWE-bench/SWE-bench_Verified/resolve/main/data/"
                "test-00000-of-00001.parquet"),
     ],
+    # ALFWorld json_2.1.1 games (every split), the archive `alfworld-download` fetches for them;
+    # each game.tw-pddl is self-contained, so upstream's json and pddl archives are not needed.
+    # GitHub publishes no digest for it: this sha256 (45,059,629 bytes, asset of 2024-02-29) is
+    # one recorded from a download, not checked from this project's build machine.
+    "alfworld": [
+        Source("json_2.1.1_tw-pddl.zip",
+               "https://github.com/alfworld/alfworld/releases/download/0.2.2/json_2.1.1_tw-pddl.zip",
+               "d376c4bbb097c068528a2a9805e358e4cd14bc75c4d68a24e5141aebd234ef67"),
+    ],
 }
 
 

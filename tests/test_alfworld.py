@@ -15,6 +15,7 @@ from collections import Counter
 
 import gymnasium as gym
 import pytest
+from conftest import require_data
 
 import crl_envs  # noqa: F401  (registers the ids)
 from crl_envs.alfworld import data as alfworld_data
@@ -23,7 +24,6 @@ from crl_envs.alfworld.env import NOTHING_HAPPENS, ALFWorldEnv
 from crl_envs.alfworld.oracle import ALFWorldExpert
 from crl_envs.errors import UserFacingError
 from crl_envs.oracles import make_oracle
-from conftest import require_data
 
 pytestmark = pytest.mark.data
 ENV_ID = "CRL/ALFWorld-v0"
