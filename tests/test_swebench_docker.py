@@ -112,6 +112,8 @@ def test_container_start_and_shell_commands():
     assert image == ROW["image"] and kwargs["command"] == "tail -f /dev/null"
     assert kwargs["detach"] is True and kwargs["working_dir"] == CONTAINER_REPO == box.repo_dir
     assert kwargs["name"] == "crl.django__django-11099.t1" and client.pulled == []
+    # the session starts from ~/.bashrc, where SWE-bench images activate the testbed conda env
+    assert client.api.execs[1]["cmd"][-1] == "source ~/.bashrc >/dev/null 2>&1; true"
     client.api.replies.append((b"hello\n", 0))
     result = box.run("echo hello", timeout=7)
     sent = client.api.execs[-1]

@@ -484,6 +484,9 @@ class DockerSandbox(Sandbox):
             name=f"crl.{self.instance_id.lower()}.{self.run_id}",
         )
         self._exec(["mkdir", "-p", self._state_dir], timeout=30)
+        # What an interactive shell would read: SWE-bench images activate the `testbed` conda
+        # env in /root/.bashrc, and SWE-agent's interactive session starts from it.
+        self.run("source ~/.bashrc >/dev/null 2>&1; true", timeout=120)
 
     def _exec(self, argv: list[str], timeout: float) -> CommandResult:
         api = self.client.api
