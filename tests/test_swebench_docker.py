@@ -242,3 +242,75 @@ def test_real_instance_gold_patch_resolves_in_docker(data_dir):
         done = terminated or truncated
     assert reward == 1.0 and info["resolved"]
     env.close()
+
+
+class HostContainerClient(FakeClient):
+    """A docker client double whose "container" is a host folder standing in for /testbed:
+    exec really runs the argv (coreutils ``timeout``, bash, the shell wrapper, git), and the
+    archives really are tar streams, so what DockerSandbox sends is executed, not just recorded."""
+
+    def __init__(self, root: Path):
+        super().__init__(local_images=[ROW["image"]])
+        self.root = root
+        client = self
+
+        class API(FakeAPI):
+            def exec_start(self, exec_id, stream=False):
+                import subprocess
+
+                sent = self.execs[int(exec_id[4:])]
+                argv = [client.host(arg) for arg in sent["cmd"]]
+                done = subprocess.run(argv, cwd=client.host(sent["workdir"]),
+                                      capture_output=True)
+                self._codes[exec_id] = done.returncode
+                return iter([done.stdout + done.stderr])
+
+        class Container(FakeContainer):
+            def put_archive(self, path, data):
+                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                    tar.extractall(client.host(path), filter="data")
+                return True
+
+            def get_archive(self, path):
+                buffer = io.BytesIO()
+                with tarfile.open(fileobj=buffer, mode="w") as tar:
+                    tar.add(client.host(path), arcname=Path(path).name)
+                return iter([buffer.getvalue()]), {}
+
+        self.api, self.container = API(), Container()
+
+    def host(self, arg: str) -> str:
+        """Container paths (/testbed, /tmp/.crl_*) mapped into the host folder."""
+        return (arg.replace("/tmp/.crl", f"{self.root}/tmp/.crl")
+                .replace(CONTAINER_REPO, f"{self.root}/testbed"))
+
+
+def test_docker_commands_really_run(tmp_path):
+    import subprocess
+
+    testbed = tmp_path / "testbed"
+    (testbed / "pkg").mkdir(parents=True)
+    (testbed / "pkg" / "m.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "tmp").mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=testbed, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=testbed, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "b"],
+                   cwd=testbed, check=True)
+    client = HostContainerClient(tmp_path)
+    box = DockerSandbox(ROW, client=client)
+    tools = Tools(box, command_timeout=1)
+    assert tools.call(format_tool_call("bash", command="cd pkg && X=5")).valid
+    assert tools.call(format_tool_call("bash", command="echo $X; ls")).output == \
+        "5\nm.py\n[exit code 0]"
+    slow = tools.call(format_tool_call("bash", command="echo begun; sleep 30"))
+    assert "timed out after 1 seconds" in slow.output
+    edit = tools.call(format_tool_call("str_replace_editor", command="str_replace",
+                                       path="/testbed/pkg/m.py", old_str="return 1",
+                                       new_str="return 2"))
+    assert edit.valid, edit.output
+    created = tools.call(format_tool_call("str_replace_editor", command="create",
+                                          path="/testbed/pkg/new.py", file_text="N = 1\n"))
+    assert created.valid and (testbed / "pkg" / "new.py").read_text() == "N = 1\n"
+    diff = box.diff()
+    assert "+    return 2" in diff and "+++ b/pkg/new.py" in diff
+    box.close()
