@@ -12,7 +12,7 @@ from gymnasium.utils.env_checker import check_env
 import crl_envs
 from crl_envs.errors import UserFacingError
 from crl_envs.oracles import make_oracle
-from crl_harness.experience import ExperienceBank, ExperienceManager
+from crl_harness.experience import AddEntry, ExperienceBank, ExperienceManager
 from wrappers import DEFAULT_HEADER, ExperienceAugmentation
 
 # Envs that run a real engine process per step (textworld, a shell): slow group (still in CI).
@@ -44,10 +44,12 @@ def manager(tmp_path):
 def seed_bank(manager: ExperienceManager, env_id: str, task: str) -> str:
     """One entry that matches the env's task, written by a registered extractor generation."""
     manager.ledger.register("gen-under-test", "the extractor's prompt", "its output", "distill")
-    entry = manager.bank.add(env_id, "Lesson", f"About: {task}", generation_id="gen-under-test")
-    manager.bank.add("CRL/Other-v0", "Elsewhere", f"About: {task}")  # another partition
-    manager._rebuild(env_id)
-    return entry.id
+    result = manager.apply([
+        AddEntry(env_id, "Lesson", f"About: {task}", generation_id="gen-under-test"),
+        AddEntry("CRL/Other-v0", "Elsewhere", f"About: {task}"),  # another partition
+    ])
+    assert manager.flush(timeout=60)
+    return result.added[0].id
 
 
 @pytest.mark.parametrize("env_id", PARAMS)

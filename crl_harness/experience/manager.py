@@ -15,7 +15,8 @@ Holds:
     strictly and apply the operations under the write lock;
   - merge passes (``merge_pass``) over chunks of ``merge_chunk`` entries, through the same queue;
   - an indexer thread that rebuilds the index of each changed partition off-lock and swaps it
-    in (deleted entries are filtered at once; new ones are searchable after the rebuild);
+    in, at most every ``reindex_interval_s`` or at once during ``flush`` (deleted entries are
+    filtered at once; new ones are searchable after the rebuild);
   - ``flush`` waits until every queued job is applied and indexed (call it before a rollout
     phase); ``report_outcome`` and ``drain_generation_rewards`` carry the extractor's credit.
 
@@ -68,6 +69,7 @@ from crl_harness.experience.retrieval import (
     Embedder,
     RetrievalConfig,
     diversity_rerank,
+    tokenize,
 )
 
 __all__ = ["ReadWriteLock", "DistillationRequest", "ManagerConfig", "ExperienceManager",
@@ -176,6 +178,10 @@ class ManagerConfig:
     format_failure_reward: float | None = -1.0
     """Reward of a generation whose answer was malformed (None: such generations are dropped)."""
     max_pending_generations: int = 10_000
+    reindex_interval_s: float = 30.0
+    """A changed partition is re-indexed at most this often, and at once while ``flush`` waits.
+    A BM25 rebuild holds the GIL for ~60 ms per 1,000 entries, so rebuilding after every write
+    slows rollouts in the same process; the harness flushes before each rollout phase anyway."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -246,9 +252,11 @@ class ExperienceManager:
         self._pending = 0
         self._dirty: set[str] = set()
         self._indexing = False
+        self._flushing = 0
+        self._rebuilt_at: dict[str, float] = {}
         self._closed = False
         self._indexes: dict[str, BM25Index | DenseIndex] = {}
-        self._vectors: dict[str, np.ndarray] = {}
+        self._features: dict[str, Any] = {}  # entry id -> tokens (BM25) or vector (dense)
         self._jobs: queue.Queue = queue.Queue()
         self._queries: queue.Queue = queue.Queue()
         self._busy_searches = 0
@@ -330,11 +338,16 @@ class ExperienceManager:
         """Wait until every queued job is applied and indexed; False if ``timeout`` ran out."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._state:
-            while self._pending or self._dirty or self._indexing:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._state.wait(remaining)
+            self._flushing += 1  # the indexer rebuilds at once while someone waits
+            self._state.notify_all()
+            try:
+                while self._pending or self._dirty or self._indexing:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self._state.wait(remaining)
+            finally:
+                self._flushing -= 1
         self.bank.sync_retrieval_stats()
         return True
 
@@ -580,13 +593,20 @@ class ExperienceManager:
     def _index_loop(self) -> None:
         while True:
             with self._state:
-                while not self._dirty and not self._closed:
-                    self._state.wait()
-                if not self._dirty:
-                    return
-                envs, self._dirty = self._dirty, set()
+                while True:
+                    if self._closed and not self._dirty:
+                        return
+                    now = time.monotonic()
+                    due = {env for env in self._dirty if self._flushing or self._closed
+                           or now - self._rebuilt_at.get(env, -1e9) >= self.config.reindex_interval_s}
+                    if due:
+                        break
+                    waits = [self._rebuilt_at[env] + self.config.reindex_interval_s - now
+                             for env in self._dirty]
+                    self._state.wait(min(waits) if waits else None)
+                self._dirty -= due
                 self._indexing = True
-            for env_id in envs:
+            for env_id in due:
                 try:
                     self._rebuild(env_id)
                 except Exception:
@@ -597,23 +617,28 @@ class ExperienceManager:
                 self._state.notify_all()
 
     def _rebuild(self, env_id: str) -> None:
+        """Index ``env_id``'s live entries; each entry's tokens or vector is computed once."""
         with self._rw.read():
             entries = self.bank.entries(env_id)
         ids = [e.id for e in entries]
+        new = [e for e in entries if e.id not in self._features]
         if self._embedder is None:
+            for entry in new:
+                self._features[entry.id] = tokenize(entry.text)
             rcfg = self.config.retrieval
-            self._indexes[env_id] = BM25Index(ids, [e.text for e in entries], rcfg.k1, rcfg.b)
+            index: BM25Index | DenseIndex = BM25Index(
+                ids, [self._features[i] for i in ids], rcfg.k1, rcfg.b)
         else:
-            new = [e for e in entries if e.id not in self._vectors]
-            for entry, vector in zip(new, self._embedder.encode([e.text for e in new]), strict=True):
-                self._vectors[entry.id] = vector
-            live = set(ids)
-            for stale in [i for i in self._vectors if i not in live
-                          and self.bank.get(i) is None]:
-                del self._vectors[stale]
-            matrix = np.stack([self._vectors[i] for i in ids]) if ids else \
+            vectors = self._embedder.encode([e.text for e in new])
+            for entry, vector in zip(new, vectors, strict=True):
+                self._features[entry.id] = vector
+            matrix = np.stack([self._features[i] for i in ids]) if ids else \
                 np.zeros((0, self._embedder.dim), dtype=np.float32)
-            self._indexes[env_id] = DenseIndex(ids, matrix)
+            index = DenseIndex(ids, matrix)
+        self._indexes[env_id] = index
+        for stale in [i for i in self._features if i not in self.bank]:
+            del self._features[stale]
+        self._rebuilt_at[env_id] = time.monotonic()
         self._count("index_rebuilds")
 
     def _count(self, name: str, n: int = 1) -> None:

@@ -89,21 +89,27 @@ def tokenize(text: str) -> list[str]:
 
 
 class BM25Index:
-    """An immutable BM25 index of one partition (ids in the order given).
+    """An immutable BM25 index of one partition, from each entry's tokens (ids in that order).
 
     Example:
-        >>> index = BM25Index(["a", "b"], ["push boxes onto targets", "keys open locked doors"])
+        >>> index = BM25Index.from_texts(["a", "b"], ["push boxes onto targets",
+        ...                                           "keys open locked doors"])
         >>> index.search("which key opens the door", 2)
         [('b', 1.0)]
     """
 
-    def __init__(self, ids: Sequence[str], texts: Sequence[str], k1: float = 1.5,
+    def __init__(self, ids: Sequence[str], tokens: Sequence[list[str]], k1: float = 1.5,
                  b: float = 0.75) -> None:
         self.ids = list(ids)
         self._bm25: bm25s.BM25 | None = None
         if self.ids:
             self._bm25 = bm25s.BM25(k1=k1, b=b)
-            self._bm25.index([tokenize(t) for t in texts], show_progress=False)
+            self._bm25.index(list(tokens), show_progress=False)
+
+    @classmethod
+    def from_texts(cls, ids: Sequence[str], texts: Sequence[str], k1: float = 1.5,
+                   b: float = 0.75) -> BM25Index:
+        return cls(ids, [tokenize(t) for t in texts], k1, b)
 
     def __len__(self) -> int:
         return len(self.ids)
