@@ -15,8 +15,12 @@ Every draw comes from the env's seeded generator; product prices and price bound
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -24,11 +28,12 @@ from typing import Any
 import numpy as np
 
 from crl_envs.base import TextEnv, Transition
+from crl_envs.data import cache_dir
 from crl_envs.webshop.data import Catalogue, load_catalogue
 from crl_envs.webshop.engine import WebShopSite
 from crl_envs.webshop.goals import SPLITS, split_indices, synthetic_goals
 from crl_envs.webshop.reward import TitleNouns
-from crl_envs.webshop.search import LuceneBM25
+from crl_envs.webshop.search import LuceneBM25, analyze
 
 __all__ = ["WebShopEnv", "WebShopResources", "shared_resources"]
 
@@ -36,6 +41,7 @@ __all__ = ["WebShopEnv", "WebShopResources", "shared_resources"]
 # re.match ignores text after the last ']', which would take prose around an action for the action
 _ACTION = re.compile(r"(.+)\[(.+)\]")
 SEARCH_PLACEHOLDER = "search[<query>]"
+INDEX_FORMAT = 1  # bump when the analyzer changes, so cached term counts are rebuilt
 
 INSTRUCTIONS = """You are shopping on WebShop for the product the instruction describes.
 Each observation is the current web page: its visible text, separated by [SEP].
@@ -60,11 +66,34 @@ class WebShopResources:
     nouns: TitleNouns
 
 
+def _cached_term_counts(texts: list[str]) -> list[dict[str, int]]:
+    """The analysed index text of every product, from a cache file keyed by the texts' hash."""
+    digest = hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest()[:16]
+    path = cache_dir() / "webshop" / f"term_counts-v{INDEX_FORMAT}-{digest}.json"
+    try:
+        counts = json.loads(path.read_text(encoding="utf-8"))
+        if len(counts) == len(texts):
+            return counts
+    except (OSError, ValueError):
+        pass  # absent or damaged: rebuilt below
+    counts = [Counter(analyze(text)) for text in texts]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(counts, handle)
+        os.replace(tmp, path)  # atomic: a crash never leaves half a cache
+    except OSError:
+        pass  # a read-only cache only costs start-up time
+    return counts
+
+
 @lru_cache(maxsize=4)
 def shared_resources(data_dir: str | None = None, price_seed: int = 0) -> WebShopResources:
     """Load (once per arguments) the catalogue, the search index, the goals and the tagger."""
     catalogue = load_catalogue(data_dir, price_seed=price_seed)
-    engine = LuceneBM25(catalogue.search_texts, ids=[p["asin"] for p in catalogue.products])
+    engine = LuceneBM25(catalogue.search_texts, ids=[p["asin"] for p in catalogue.products],
+                        term_counts=_cached_term_counts(catalogue.search_texts))
     goals = synthetic_goals(catalogue, price_seed=price_seed)
     weights = np.array([goal["weight"] for goal in goals], dtype=np.float64)
     nouns = TitleNouns(titles=[p["Title"] for p in catalogue.products])

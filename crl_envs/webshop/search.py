@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -168,28 +168,32 @@ class LuceneBM25:
     """
 
     def __init__(self, documents: Sequence[str], ids: Sequence[str] | None = None,
-                 k1: float = 0.9, b: float = 0.4) -> None:
+                 k1: float = 0.9, b: float = 0.4,
+                 term_counts: Sequence[Mapping[str, int]] | None = None) -> None:
         self.k1, self.b = k1, b
         self.num_docs = len(documents)
         if ids is not None and len(ids) != self.num_docs:
             raise ValueError(f"{len(ids)} ids for {self.num_docs} documents.")
+        if term_counts is None:  # analysing is most of the start-up; callers may cache it
+            term_counts = [Counter(analyze(text)) for text in documents]
+        elif len(term_counts) != self.num_docs:
+            raise ValueError(f"{len(term_counts)} term counts for {self.num_docs} documents.")
         order = sorted(range(self.num_docs), key=lambda i: ids[i]) if ids else range(self.num_docs)
         self._tie_rank = np.empty(self.num_docs, dtype=np.int64)
         self._tie_rank[list(order)] = np.arange(self.num_docs)
         postings: dict[str, tuple[list[int], list[int]]] = {}
         lengths = np.zeros(self.num_docs, dtype=np.int64)
-        for doc_id, text in enumerate(documents):
-            counts = Counter(analyze(text))
+        for doc_id, counts in enumerate(term_counts):
             lengths[doc_id] = sum(counts.values())
             for term, tf in counts.items():
-                ids, tfs = postings.setdefault(term, ([], []))
-                ids.append(doc_id)
+                doc_ids, tfs = postings.setdefault(term, ([], []))
+                doc_ids.append(doc_id)
                 tfs.append(tf)
         self._postings = {
-            term: (np.asarray(ids, dtype=np.int64), np.asarray(tfs, dtype=np.float32))
-            for term, (ids, tfs) in postings.items()
+            term: (np.asarray(doc_ids, dtype=np.int64), np.asarray(tfs, dtype=np.float32))
+            for term, (doc_ids, tfs) in postings.items()
         }
-        self._doc_freq = {term: len(ids) for term, (ids, _) in self._postings.items()}
+        self._doc_freq = {term: len(doc_ids) for term, (doc_ids, _) in self._postings.items()}
         avgdl = np.float32(lengths.sum() / max(self.num_docs, 1))
         # BM25Similarity's per-norm cache: 1 / (k1 * ((1 - b) + b * dl / avgdl)), in float32
         table = np.array([norm_to_length(n) for n in range(256)], dtype=np.float32)
