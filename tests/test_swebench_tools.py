@@ -251,3 +251,11 @@ def test_nul_bytes_and_oversized_commands_are_invalid_not_errors(tools):
     assert not result.valid and "the limit is 100,000" in result.output
     result = edit(tools, command="view", path="/tmp/\x00")
     assert not result.valid
+
+
+def test_diff_includes_changes_the_agent_committed(tools):
+    edit(tools, command="str_replace", path=mod_path(tools), old_str="c = 3", new_str="c = 33")
+    bash(tools, "git add -A && git -c user.name=a -c user.email=a@a commit -qm mine")
+    edit(tools, command="str_replace", path=mod_path(tools), old_str="b = 2", new_str="b = 22")
+    diff = tools.sandbox.diff()
+    assert "+c = 33" in diff and "+b = 22" in diff

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -185,8 +184,7 @@ class SWEBenchEnv(TextEnv):
                 raise SandboxError(f"No git clone at {clone}: run `git clone "
                                    f"https://github.com/{instance['repo']} {clone}`.")
             sandbox = LocalSandbox(clone, base_commit=instance["base_commit"], workdir=workdir)
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=sandbox.repo_dir,
-                              capture_output=True, text=True).stdout.strip()
+        head = sandbox.base_commit
         if head != instance["base_commit"]:
             sandbox.close()
             raise SandboxError(f"The checkout of {instance['instance_id']} is at {head}, not the "

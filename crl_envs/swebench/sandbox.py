@@ -9,9 +9,9 @@ Holds:
 - ``PathOutsideSandboxError``, ``SandboxError``, ``UnisolatedSandboxWarning``.
 
 The shell is persistent in the sense of SWE-agent: the working directory, shell and exported
-variables, functions and aliases carry over from one command to the next. Each command runs as a fresh
-``bash`` in its own process group that first restores that state and saves it on exit, so a
-timeout can kill the whole group without losing the session.
+variables, functions and aliases carry over from one command to the next. Each command runs as
+a fresh ``bash`` in its own process group that first restores that state and saves it on exit,
+so a timeout can kill the whole group without losing the session.
 """
 
 from __future__ import annotations
@@ -81,9 +81,11 @@ trap __crl_save EXIT
 eval "$__crl_cmd" < /dev/null
 """
 
-_DIFF_COMMAND = "git add -A && git -c core.fileMode=false diff --cached --no-color HEAD"
+# Against the base commit, not HEAD: changes the agent has committed are part of its answer.
+_DIFF_COMMAND = "git add -A && git -c core.fileMode=false diff --cached --no-color {base}"
 
-# swebench's own patch-application fallbacks (harness.run_evaluation.GIT_APPLY_CMDS), in order.
+# swebench's patch-application fallbacks (harness.run_evaluation.GIT_APPLY_CMDS), in order, less
+# `git apply --reject`, which leaves a half-applied tree behind.
 _APPLY_COMMANDS = (
     ["git", "apply", "--verbose"],
     ["git", "apply", "--verbose", "--3way"],
@@ -263,6 +265,8 @@ class LocalSandbox(Sandbox):
             shutil.rmtree(self._root, ignore_errors=True)
             raise
         self._checkout = checkout.resolve()
+        self.base_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=self._checkout,
+                                          capture_output=True, text=True).stdout.strip()
         self.repo_dir = str(self._checkout)
         # The interpreter running this library comes first on PATH, so `python` and `pytest` in
         # the agent's commands and in the eval script are the ones that have the dependencies.
@@ -348,7 +352,8 @@ class LocalSandbox(Sandbox):
         os.replace(tmp, target)
 
     def diff(self) -> str:
-        done = subprocess.run(["bash", "-c", _DIFF_COMMAND], cwd=self._checkout, env=self._env,
+        command = _DIFF_COMMAND.format(base=self.base_commit)
+        done = subprocess.run(["bash", "-c", command], cwd=self._checkout, env=self._env,
                               capture_output=True)
         return done.stdout.decode("utf-8", errors="replace") if done.returncode == 0 else ""
 
@@ -464,6 +469,7 @@ class DockerSandbox(Sandbox):
         self.client = client if client is not None else docker_client()
         self.image = instance["image"]
         self.instance_id = instance["instance_id"]
+        self.base_commit = instance.get("base_commit", "HEAD")
         self.run_id = run_id or f"crl-{uuid.uuid4().hex[:8]}"
         self.repo_dir = CONTAINER_REPO
         self._state_dir = "/tmp/.crl_shell"
@@ -522,7 +528,8 @@ class DockerSandbox(Sandbox):
 
     def diff(self) -> str:
         patch_file = "/tmp/.crl_submission.diff"
-        result = self._exec(["bash", "-c", f"{_DIFF_COMMAND} > {patch_file}"], timeout=120)
+        command = _DIFF_COMMAND.format(base=self.base_commit)
+        result = self._exec(["bash", "-c", f"{command} > {patch_file}"], timeout=120)
         return self.read_file(patch_file) if result.exit_code == 0 else ""
 
     def read_file(self, path: str) -> str:
