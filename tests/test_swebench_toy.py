@@ -182,3 +182,26 @@ def test_random_editor_calls_never_raise_and_invalid_ones_change_nothing():
             assert _tree(repo) == before, parameters
     assert 200 < invalid < 300  # most random calls are refused, some are real edits and views
     env.close()
+
+
+def test_grading_log_is_whole_and_a_hanging_eval_times_out(tmp_path):
+    from crl_envs.swebench.grading import grade_patch
+
+    env = make_env()
+    env.reset(seed=0)
+    instance = dict(env.unwrapped.instance)
+    # The eval script's own output is long (past the 16,000-character cut of tool output) and
+    # comes before the tests: the grader must still see the test lines and the end marker.
+    noisy = instance["eval_script"].replace(": '>>>>> Start Test Output'",
+                                            "python -c \"print('y' * 40000)\"\n"
+                                            ": '>>>>> Start Test Output'")
+    grade = grade_patch(env.unwrapped.sandbox, {**instance, "eval_script": noisy},
+                        instance["patch"], log_dir=tmp_path / "noisy")
+    assert grade.resolved and (tmp_path / "noisy" / "test_output.txt").stat().st_size > 40000
+    hanging = instance["eval_script"].replace(": '>>>>> Start Test Output'",
+                                              "sleep 60\n: '>>>>> Start Test Output'")
+    grade = grade_patch(env.unwrapped.sandbox, {**instance, "eval_script": hanging},
+                        instance["patch"], timeout=1, log_dir=tmp_path / "hang")
+    log = (tmp_path / "hang" / "test_output.txt").read_text()
+    assert not grade.resolved and "Tests Timed Out" in log
+    env.close()

@@ -414,14 +414,20 @@ class LocalSandbox(Sandbox):
             script = make_test_spec(instance).eval_script.replace(CONTAINER_REPO, str(pristine))
             eval_file = log_dir / "eval.sh"
             eval_file.write_text(script)
-            result = self._execute(["bash", str(eval_file)], timeout, cwd=pristine)
+            # The whole log goes to the file: the grader needs every line, unlike an agent.
             log = log_dir / "test_output.txt"
-            text = result.output
-            if result.timed_out:
-                from swebench.harness.constants import TESTS_TIMEOUT
+            with open(log, "wb") as handle:
+                proc = subprocess.Popen(["bash", str(eval_file)], cwd=pristine, env=self._env,
+                                        stdin=subprocess.DEVNULL, stdout=handle,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    from swebench.harness.constants import TESTS_TIMEOUT
 
-                text += f"\n{TESTS_TIMEOUT}: {timeout} seconds exceeded.\n"
-            log.write_text(text)
+                    self._kill_group(proc.pid)
+                    proc.wait()
+                    handle.write(f"\n{TESTS_TIMEOUT}: {timeout} seconds exceeded.\n".encode())
             return log
         finally:
             shutil.rmtree(pristine, ignore_errors=True)
