@@ -132,13 +132,25 @@ def test_unknown_task_or_variant_raises_with_the_choices():
 
 def test_keyroom_pickup_apply_and_door_through_the_real_game():
     env = gym.make("CRL/MiniHackKeyRoom-v0")
-    result = play_oracle(env, seed=0)
-    assert result["won"] and result["reward"] == 1.0 and result["terminated"]
-    assert "Outcome: you reached the staircase down" in result["obs"]
-    assert "Map (top-left" in result["obs"]  # the last picture survives the end of the game
-    obs, _ = env.reset(seed=0)
+    obs, info = env.reset(seed=0)
     _, _, _, _, info = env.step("apply key west")
     assert info["action_valid"] is False  # no key yet
+    oracle = MiniHackOracle(env)
+    obs, info = env.reset(seed=0)
+    oracle.reset(obs, info)
+    done, actions = False, []
+    while not done:
+        actions.append(oracle.act(obs, info))
+        obs, reward, terminated, truncated, info = env.step(actions[-1])
+        if actions[-1] == "pickup":
+            assert "Key: none carried" not in obs
+        if actions[-1].startswith("apply key"):
+            assert info["action_valid"] and "open door (/)" in obs
+        done = terminated or truncated
+    assert "pickup" in actions and any(a.startswith("apply key") for a in actions)
+    assert info["won"] and reward == 1.0 and terminated
+    assert "Outcome: you reached the staircase down" in obs
+    assert "Map (top-left" in obs  # the last picture survives the end of the game
     env.close()
 
 

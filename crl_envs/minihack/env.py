@@ -283,14 +283,14 @@ class MiniHackEnv(TextEnv):
         dx, dy = _OFFSETS[direction]
         if self._obs["glyphs"][hy + dy, hx + dx] not in _CLOSED_DOOR_GLYPHS:
             return self.invalid(f"there is no closed door to the {direction}.", self._actions)
+        # Keystrokes straight to NetHack; self._obs views NLE's buffers, which every step refills.
         game = self._nle.nethack
         game.step(nethack.Command.APPLY)
         game.step(ord(keys[0][0]))
-        observation, _ = game.step(DIRECTIONS[direction])
-        message = bytes(observation[self._nle._message_index])
-        if b"Unlock it?" in message:
+        game.step(DIRECTIONS[direction])
+        if "Unlock it?" in self._message():
             game.step(ord("y"))
-        elif b"Lock it?" in message:  # already unlocked: keep it so
+        elif "Lock it?" in self._message():  # already unlocked: keep it so
             game.step(ord("n"))
         for _ in range(_MAX_DOOR_TRIES):
             transition = self._game_step(DIRECTIONS[direction])

@@ -36,7 +36,8 @@ _MOVES: dict[str, Cell] = {
 _DOORS = ("+", OPEN_DOOR)
 _WALKABLE = {".": 1.0, ">": 1.0, "<": 1.0, "(": 1.0, OPEN_DOOR: 1.0, UNEXPLORED: 1.5, "^": 25.0}
 _INFORMATION_WEIGHT = 6.0  # exploring: one more unknown neighbour is worth 6 steps of detour
-_MONSTER_COST = 6.0  # walking into a monster attacks it: fine when going around is longer
+_MONSTER_COST = 6.0
+_NO_FOLLOW_UP = 60  # River look-ahead: the cost charged when no boulder can make the next fill  # walking into a monster attacks it: fine when going around is longer
 _MAP_HEADER = re.compile(r"Map \(top-left cell is x=(\d+), y=(\d+);")
 _HERO = re.compile(r"You \(@\) are at x=(\d+), y=(\d+)\.")
 
@@ -153,12 +154,14 @@ class MiniHackOracle:
         self._blocked: set[tuple[Cell, Cell]] = set()
         self._last: tuple[Cell, str] | None = None
         self._view: ParsedView | None = None
+        self._plan: list[tuple[Cell, str]] = []  # River: (hero cell before, action) still to do
 
     def reset(self, observation: str, info: dict[str, Any]) -> None:
         """Forget the previous episode."""
         self._key_cell = None
         self._blocked = set()
         self._last = None
+        self._plan = []
         self._view = parse_observation(observation)
 
     def act(self, observation: str, info: dict[str, Any]) -> str:
@@ -190,6 +193,10 @@ class MiniHackOracle:
 
         if self.task == "keyroom":
             action = self._keyroom(view, stairs)
+            if action:
+                return action
+        if self.task == "river" and not (stairs and _cheapest_first_step(view, stairs, self._blocked)):
+            action = self._river(view)
             if action:
                 return action
         if stairs:
@@ -240,6 +247,130 @@ class MiniHackOracle:
             if step:
                 return step
         return None
+
+
+    def _river(self, view: ParsedView) -> str | None:
+        """Follow the boulder plan while the game goes as predicted; replan when it does not."""
+        if not (self._plan and self._plan[0][0] == view.hero):
+            self._plan = _river_plan(view)
+        if self._plan and self._plan[0][0] == view.hero:
+            return self._plan.pop(0)[1]
+        return None
+
+
+_NAMES = {offset: name for name, offset in _MOVES.items()}
+_FLOOR = (".", "<", ">")
+
+
+def _walk(floor: set[Cell], obstacles: set[Cell], start: Cell, goal: Cell) -> list[Cell] | None:
+    """A shortest 8-way walk (the cells after ``start``) over known floor, avoiding obstacles."""
+    previous: dict[Cell, Cell] = {start: start}
+    frontier = [start]
+    while frontier:
+        nxt_frontier = []
+        for cell in frontier:
+            if cell == goal:
+                path = []
+                while cell != start:
+                    path.append(cell)
+                    cell = previous[cell]
+                return path[::-1]
+            for dx, dy in _MOVES.values():
+                nxt = (cell[0] + dx, cell[1] + dy)
+                if nxt in floor and nxt not in obstacles and nxt not in previous:
+                    previous[nxt] = cell
+                    nxt_frontier.append(nxt)
+        frontier = nxt_frontier
+    return None
+
+
+@dataclass
+class _PushPlan:
+    """Moves (hero cell before each, action) that push one boulder into one water cell."""
+
+    steps: list[tuple[Cell, str]]
+    hero: Cell  # where the hero ends
+
+
+def _push(floor: set[Cell], boulders: set[Cell], hero: Cell, boulder: Cell, water: Cell) -> _PushPlan | None:
+    """Push ``boulder`` east (straight and diagonal pushes) until it drops into ``water``."""
+    dx, dy = water[0] - boulder[0], water[1] - boulder[1]
+    if dx <= 0 or dx < abs(dy):
+        return None
+    diagonal = (1, (dy > 0) - (dy < 0))
+    orders = (
+        [diagonal] * abs(dy) + [(1, 0)] * (dx - abs(dy)),
+        [(1, 0)] * (dx - abs(dy)) + [diagonal] * abs(dy),
+    )
+    best = None
+    for order in orders:
+        others, here, at, steps = boulders - {boulder}, hero, boulder, []
+        for i, (ox, oy) in enumerate(order):
+            behind, ahead = (at[0] - ox, at[1] - oy), (at[0] + ox, at[1] + oy)
+            if here != behind:
+                path = _walk(floor, others | {at}, here, behind)
+                if path is None:
+                    break
+                for cell in path:
+                    steps.append((here, _NAMES[(cell[0] - here[0], cell[1] - here[1])]))
+                    here = cell
+            last = i == len(order) - 1
+            if (ahead != water) if last else (ahead not in floor or ahead in others):
+                break
+            steps.append((here, _NAMES[(ox, oy)]))
+            here, at = at, ahead
+        else:
+            if best is None or len(steps) < len(best.steps):
+                best = _PushPlan(steps, here)
+    return best
+
+
+def _river_plan(view: ParsedView) -> list[tuple[Cell, str]]:
+    """The cheapest boulder push into the river that extends the crossing furthest east.
+
+    Water blocks sight, so the river's width shows only as it is filled: fill the eastmost water
+    cell a boulder can reach, then look again. Among those, prefer the push that leaves another
+    boulder cheaply placed for the next fill (one step of look-ahead).
+    """
+    boulders = set(view.find("`"))
+    floor = {cell for cell, char in view.cells.items() if char in _FLOOR} | boulders
+    water = view.find("}")
+    if not water:
+        return []
+    # Beyond a filled cell the river is hidden: unexplored cells east of its bank may be water.
+    bank = min(cell[0] for cell in water)
+    unknown = [cell for cell in view.find(UNEXPLORED) if cell[0] > bank]
+    targets = [
+        cell for cell in water + unknown
+        if any((cell[0] - 1, cell[1] + dy) in floor for dy in (-1, 0, 1))
+    ]
+    if not targets:
+        return []
+    east = max(cell[0] for cell in targets)
+    best: tuple[float, list[tuple[Cell, str]]] | None = None
+    for target in sorted(targets, key=lambda cell: -cell[0]):
+        if best is not None and target[0] < east:
+            break
+        for boulder in boulders:
+            plan = _push(floor, boulders, view.hero, boulder, target)
+            if plan is None:
+                continue
+            after_floor = floor | {target}
+            after_boulders = boulders - {boulder}
+            next_cost = min(
+                (
+                    len(follow.steps)
+                    for nxt in ((target[0] + 1, target[1] + dy) for dy in (-1, 0, 1))
+                    if view.cells.get(nxt) in ("}", UNEXPLORED)
+                    for other in after_boulders
+                    if (follow := _push(after_floor, after_boulders, plan.hero, other, nxt))
+                ),
+                default=_NO_FOLLOW_UP,
+            )
+            cost = len(plan.steps) + next_cost
+            if best is None or cost < best[0]:
+                best = (cost, plan.steps)
+    return list(best[1]) if best else []
 
 
 def _distance(a: Cell, b: Cell) -> int:
