@@ -259,3 +259,11 @@ def test_diff_includes_changes_the_agent_committed(tools):
     edit(tools, command="str_replace", path=mod_path(tools), old_str="b = 2", new_str="b = 22")
     diff = tools.sandbox.diff()
     assert "+c = 33" in diff and "+b = 22" in diff
+
+
+def test_huge_arguments_are_not_echoed_whole(tools):
+    result = edit(tools, command="str_replace", path=mod_path(tools), old_str="q" * 500_000,
+                  new_str="")
+    assert not result.valid and len(result.output) < 2_000 and "500,000 characters" in result.output
+    result = edit(tools, command="view", path="/" + "p" * 300_000)
+    assert not result.valid and len(result.output) < OUTPUT_LIMIT + 1_000

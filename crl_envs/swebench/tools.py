@@ -221,8 +221,12 @@ class Tools:
         if call.name == "submit":
             return ToolResult("Submitted.", submitted=True)
         if call.name == "bash":
-            return self.bash(call.parameters["command"])
-        return self.editor(**call.parameters)
+            result = self.bash(call.parameters["command"])
+        else:
+            result = self.editor(**call.parameters)
+        if len(result.output) > OUTPUT_LIMIT + 1_000:  # room for the exit-code line of bash
+            result.output = cut_output(result.output)
+        return result
 
     # ------------------------------------------------------------------ bash
     def bash(self, command: str) -> ToolResult:
@@ -288,7 +292,7 @@ class Tools:
         if kind == "dir":
             if view_range:
                 return ToolResult("view_range applies to files, not directories.", valid=False)
-            listing = "\n".join(self.sandbox.list_dir(path, depth=2))
+            listing = cut_output("\n".join(self.sandbox.list_dir(path, depth=2)))
             return ToolResult(f"Here are the files and directories up to 2 levels deep in {path}, "
                               f"excluding hidden items:\n{path}\n{listing}")
         # Raw text, tabs included: SWE-agent expands tabs and writes them back expanded, which
@@ -324,14 +328,14 @@ class Tools:
         text = self.sandbox.read_file(path)
         count = text.count(old_str) if old_str else 0
         if count == 0:
-            return ToolResult(f"No replacement was performed, old_str `{old_str}` did not appear "
-                              f"verbatim in {path}.", valid=False)
+            return ToolResult(f"No replacement was performed, old_str `{_quote(old_str)}` did "
+                              f"not appear verbatim in {path}.", valid=False)
         if count > 1:
             starts = [m.start() for m in re.finditer(re.escape(old_str), text)]
             lines = [text.count("\n", 0, start) + 1 for start in starts]
             return ToolResult(f"No replacement was performed. Multiple occurrences of old_str "
-                              f"`{old_str}` in lines {lines}. Please ensure it is unique.",
-                              valid=False)
+                              f"`{_quote(old_str)}` in lines {lines[:20]}. Please ensure it is "
+                              "unique.", valid=False)
         self._history.setdefault(path, []).append(text)
         new_text = text.replace(old_str, new_str)
         self.sandbox.write_file(path, new_text)
@@ -377,6 +381,11 @@ class Tools:
         return (f"The file {path} has been edited. Here's the result of running `cat -n` on a "
                 f"snippet of {path}:\n{snippet}\nReview the changes and make sure they are as "
                 "expected. Edit the file again if necessary.")
+
+
+def _quote(text: str, limit: int = 300) -> str:
+    """``text`` for an error message: long strings are shortened, not echoed whole."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _parse_range(value: str) -> tuple[int, int] | None:
