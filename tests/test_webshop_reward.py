@@ -7,6 +7,7 @@ import json
 import pytest
 
 from crl_envs.webshop.reward import (
+    TaggerMissingError,
     TitleNouns,
     get_attribute_reward,
     get_option_reward,
@@ -133,3 +134,17 @@ def test_damaged_noun_cache_is_rebuilt(tmp_path):
     cache = tmp_path / "nouns.json"
     cache.write_text("{not json")
     assert TitleNouns(cache_file=cache)._nouns == {}
+
+
+def test_missing_tagger_model_is_one_clear_error(tmp_path):
+    nouns = TitleNouns(titles=["Blue Shoe"], model="no_such_spacy_model",
+                       cache_file=tmp_path / "n.json")
+    with pytest.raises(TaggerMissingError, match="crl-gym\\[webshop\\]"):
+        nouns.check_available()
+    with pytest.raises(TaggerMissingError):
+        nouns("Blue Shoe")
+    (tmp_path / "n.json").write_text(json.dumps({"Blue Shoe": ["shoe"]}))
+    cached = TitleNouns(titles=["Blue Shoe"], model="no_such_spacy_model",
+                        cache_file=tmp_path / "n.json")
+    cached.check_available()  # every title is cached: no model needed
+    assert cached("Blue Shoe") == ["shoe"]

@@ -97,6 +97,7 @@ def shared_resources(data_dir: str | None = None, price_seed: int = 0) -> WebSho
     goals = synthetic_goals(catalogue, price_seed=price_seed)
     weights = np.array([goal["weight"] for goal in goals], dtype=np.float64)
     nouns = TitleNouns(titles=[p["Title"] for p in catalogue.products])
+    nouns.check_available()  # fail at construction, not at the first purchase
     return WebShopResources(catalogue, engine, goals, weights, nouns)
 
 

