@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import warnings
 
 import gymnasium as gym
@@ -204,4 +205,31 @@ def test_grading_log_is_whole_and_a_hanging_eval_times_out(tmp_path):
                         instance["patch"], timeout=1, log_dir=tmp_path / "hang")
     log = (tmp_path / "hang" / "test_output.txt").read_text()
     assert not grade.resolved and "Tests Timed Out" in log
+    env.close()
+
+
+def test_local_sandbox_on_a_rows_file_with_a_folder_of_clones(tmp_path):
+    from crl_envs.swebench.data import TOY_DIR
+    from crl_envs.swebench.env import SWEBenchEnv
+    from crl_envs.swebench.sandbox import SandboxError, init_repo_from_files
+
+    rows = str(TOY_DIR / "task.json")
+    with pytest.raises(SandboxError, match="needs repos_dir="):
+        SWEBenchEnv(dataset=rows, sandbox="local").reset(seed=0)
+    clone = tmp_path / "repos" / "crl-gym__toy-intervals"
+    init_repo_from_files(TOY_DIR / "repo", clone)
+    # A later commit in the clone: the sandbox must check out the task's base commit.
+    (clone / "intervals" / "core.py").write_text("BROKEN = True\n")
+    subprocess.run(["git", "-c", "user.name=a", "-c", "user.email=a@a", "commit", "-qam", "later"],
+                   cwd=clone, check=True)
+    env = SWEBenchEnv(dataset=rows, sandbox="local", repos_dir=tmp_path / "repos")
+    obs, info = env.reset(seed=0)
+    assert "BROKEN" not in env.sandbox.read_file(env.sandbox.repo_dir + "/intervals/core.py")
+    agent = make_oracle(ENV_ID, env)
+    agent.reset(obs, info)
+    while True:
+        obs, reward, terminated, truncated, info = env.step(agent.act(obs, info))
+        if terminated or truncated:
+            break
+    assert reward == 1.0 and info["env_id"] == "CRL/SWEBench-v0"
     env.close()
