@@ -37,15 +37,18 @@ def test_check_env_passes_on_made_and_unwrapped(env_id):
 
 
 @pytest.mark.parametrize("env_id", IDS)
-def test_same_seed_same_first_observation_and_seeds_differ(env_id):
-    env = gym.make(env_id)
+def test_same_seed_same_game_across_instances_and_seeds_differ(env_id):
+    env, twin = gym.make(env_id), gym.make(env_id)
     first, _ = env.reset(seed=7)
     env.step("south")
     again, _ = env.reset(seed=7)
-    assert first == again
+    assert first == again == twin.reset(seed=7)[0]
+    moves = ["east", "south", "west", "north"]
+    assert [env.step(m)[0] for m in moves] == [twin.step(m)[0] for m in moves]
     others = {env.reset(seed=seed)[0] for seed in range(8, 14)}
     assert len(others | {first}) > 1  # the seed really picks the level
     env.close()
+    twin.close()
 
 
 def test_reset_accepts_empty_options_and_unseeded_reset():
