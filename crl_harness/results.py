@@ -66,6 +66,8 @@ class Attempt:
         if missing:
             raise ResultsFormatError(f"attempt record lacks {', '.join(sorted(missing))}")
         fields = {key: record[key] for key in known if key in record}
+        if fields["won"] not in (True, False):  # also 1 and 0; never a string such as "false"
+            raise ResultsFormatError(f"won must be true or false, got {fields['won']!r}")
         fields["won"] = bool(fields["won"])
         return cls(**fields, extra={k: v for k, v in record.items() if k not in known})
 

@@ -44,6 +44,9 @@ def test_torn_last_line_is_skipped_but_bad_lines_are_named(tmp_path):
     path.write_text('{"task_id": "a"}\n{"task_id": "a", "won": true}\n')
     with pytest.raises(ResultsFormatError, match=r"results.jsonl:1: .*lacks won"):
         read_attempts(path)
+    path.write_text('{"task_id": "a", "won": "false"}\n{"task_id": "a", "won": true}\n')
+    with pytest.raises(ResultsFormatError, match="won must be true or false"):
+        read_attempts(path)
 
 
 def test_filter_keeps_tasks_strictly_between_thresholds(tmp_path, capsys):

@@ -267,3 +267,8 @@ def test_huge_arguments_are_not_echoed_whole(tools):
     assert not result.valid and len(result.output) < 2_000 and "500,000 characters" in result.output
     result = edit(tools, command="view", path="/" + "p" * 300_000)
     assert not result.valid and len(result.output) < OUTPUT_LIMIT + 1_000
+
+
+def test_commands_do_not_inherit_secrets(tools, monkeypatch):
+    monkeypatch.setenv("CRL_TEST_SECRET_TOKEN", "s3cret")
+    assert "s3cret" not in bash(tools, "env").output

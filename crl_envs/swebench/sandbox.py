@@ -93,6 +93,11 @@ _APPLY_COMMANDS = (
 )
 
 
+# The variables of this process a LocalSandbox's commands inherit (plus its own and `env=`).
+_PASSED_ENV = frozenset({"HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
+                         "TMPDIR"})
+
+
 class SandboxError(UserFacingError, RuntimeError):
     """The sandbox cannot be set up or used; the message says what to do."""
 
@@ -270,8 +275,10 @@ class LocalSandbox(Sandbox):
         self.repo_dir = str(self._checkout)
         # The interpreter running this library comes first on PATH, so `python` and `pytest` in
         # the agent's commands and in the eval script are the ones that have the dependencies.
+        # Only a few variables of this process pass on: the agent sees no tokens or keys.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        self._env = {**os.environ, "PATH": path, "PAGER": "cat", "GIT_PAGER": "cat",
+        passed = {key: value for key, value in os.environ.items() if key in _PASSED_ENV}
+        self._env = {**passed, "PATH": path, "PAGER": "cat", "GIT_PAGER": "cat",
                      "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
         self._groups: set[int] = set()
 
