@@ -309,8 +309,15 @@ def test_docker_commands_really_run(tmp_path):
                                        new_str="return 2"))
     assert edit.valid, edit.output
     created = tools.call(format_tool_call("str_replace_editor", command="create",
-                                          path="/testbed/pkg/new.py", file_text="N = 1\n"))
-    assert created.valid and (testbed / "pkg" / "new.py").read_text() == "N = 1\n"
+                                          path="/testbed/pkg/sub/new.py", file_text="N = 1\n"))
+    assert created.valid and (testbed / "pkg" / "sub" / "new.py").read_text() == "N = 1\n"
+    script = testbed / "run.sh"
+    script.write_text("echo one\n")
+    script.chmod(0o755)
+    assert tools.call(format_tool_call("str_replace_editor", command="str_replace",
+                                       path="/testbed/run.sh", old_str="one",
+                                       new_str="two")).valid
+    assert script.stat().st_mode & 0o777 == 0o755 and script.read_text() == "echo two\n"
     diff = box.diff()
-    assert "+    return 2" in diff and "+++ b/pkg/new.py" in diff
+    assert "+    return 2" in diff and "+++ b/pkg/sub/new.py" in diff
     box.close()

@@ -272,3 +272,11 @@ def test_huge_arguments_are_not_echoed_whole(tools):
 def test_commands_do_not_inherit_secrets(tools, monkeypatch):
     monkeypatch.setenv("CRL_TEST_SECRET_TOKEN", "s3cret")
     assert "s3cret" not in bash(tools, "env").output
+
+
+def test_edit_keeps_the_file_mode(tools):
+    script = Path(tools.sandbox.repo_dir) / "run.sh"
+    script.write_text("echo one\n")
+    script.chmod(0o755)
+    assert edit(tools, command="str_replace", path=str(script), old_str="one", new_str="two").valid
+    assert script.stat().st_mode & 0o777 == 0o755

@@ -356,6 +356,8 @@ class LocalSandbox(Sandbox):
         tmp = target.with_name(f".{target.name}.crl-tmp")
         with open(tmp, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
+        if target.exists():
+            shutil.copymode(target, tmp)  # an edited script stays executable
         os.replace(tmp, target)
 
     def diff(self) -> str:
@@ -561,14 +563,17 @@ class DockerSandbox(Sandbox):
     def write_file(self, path: str, text: str) -> None:
         target = PurePosixPath(self.check_path(path))
         data = text.encode("utf-8")
+        # mkdir, and the mode of the file being replaced (an edited script stays executable)
+        mode = self._exec(["bash", "-c", 'mkdir -p -- "$(dirname -- "$1")" && '
+                           '{ stat -c %a -- "$1" 2>/dev/null || echo 644; }', "bash", str(target)],
+                          timeout=30).output.strip()
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             member = tarfile.TarInfo(name=target.name)
             member.size = len(data)
             member.mtime = int(time.time())
-            member.mode = 0o644
+            member.mode = int(mode, 8) if mode.isdigit() else 0o644
             tar.addfile(member, io.BytesIO(data))
-        self._exec(["mkdir", "-p", str(target.parent)], timeout=30)
         self.container.put_archive(str(target.parent), buffer.getvalue())
 
     def remove_file(self, path: str) -> None:
