@@ -280,3 +280,13 @@ def test_edit_keeps_the_file_mode(tools):
     script.chmod(0o755)
     assert edit(tools, command="str_replace", path=str(script), old_str="one", new_str="two").valid
     assert script.stat().st_mode & 0o777 == 0o755
+
+
+def test_view_of_a_long_file_is_cut_with_a_hint(tools):
+    path = Path(tools.sandbox.repo_dir) / "long.py"
+    path.write_text("".join(f"value_{index} = {index}\n" for index in range(5000)))
+    result = edit(tools, command="view", path=str(path))
+    assert "<output cut: showing the first 16,000 of" in result.output
+    assert result.output.endswith("Use view_range to see the lines after the cut.")
+    tail = edit(tools, command="view", path=str(path), view_range="[4999, -1]")
+    assert tail.output.endswith("  4999\tvalue_4998 = 4998\n  5000\tvalue_4999 = 4999\n  5001\t")

@@ -313,7 +313,10 @@ class Tools:
                 return ToolResult(f"Invalid view_range {view_range}: its second element {last} "
                                   f"should be -1 or within [{first}, {len(lines)}].", valid=False)
             lines = lines[first - 1:] if last == -1 else lines[first - 1:last]
-        shown = cut_output(_numbered("\n".join(lines), first), OUTPUT_LIMIT)
+        numbered = _numbered("\n".join(lines), first)
+        shown = cut_output(numbered)
+        if len(numbered) > OUTPUT_LIMIT:
+            shown += "\nUse view_range to see the lines after the cut."
         return ToolResult(f"Here's the result of running `cat -n` on {path}:\n{shown}")
 
     def _create(self, path: str, kind: str | None, file_text: str) -> ToolResult:
