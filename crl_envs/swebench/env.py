@@ -40,8 +40,8 @@ I've uploaded a code repository in the directory {repo_dir}. Consider the follow
 {issue}
 </issue>
 
-Make the minimal changes to non-test files in {repo_dir} so that the issue is resolved. Tests
-for the issue are already written; you do not need to change any test. When you are done,
+Make the minimal changes to non-test files in {repo_dir} so that the issue is resolved. \
+Hidden tests will check the fix, so leave the test files as they are. When you are done, \
 call submit."""
 
 
