@@ -126,6 +126,7 @@ def test_container_start_and_shell_commands():
     assert box.diff() == "def f():\n    return 1\n"  # read back whole with get_archive
     assert "git add -A" in client.api.execs[-1]["cmd"][-1]
     box.close()
+    box.close()  # closing twice is harmless
     assert client.container.removed is True
 
 

@@ -290,3 +290,21 @@ def test_view_of_a_long_file_is_cut_with_a_hint(tools):
     assert result.output.endswith("Use view_range to see the lines after the cut.")
     tail = edit(tools, command="view", path=str(path), view_range="[4999, -1]")
     assert tail.output.endswith("  4999\tvalue_4998 = 4998\n  5000\tvalue_4999 = 4999\n  5001\t")
+
+
+def test_an_unclosed_sandbox_is_cleaned_up_when_collected(tmp_path):
+    import gc
+
+    (tmp_path / "src").mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnisolatedSandboxWarning)
+        box = LocalSandbox(tmp_path / "src")
+    repo = box.repo_dir
+    box.run(f"sleep 60 & echo $! > {tmp_path}/bg.pid", timeout=5)
+    del box
+    gc.collect()
+    pid = int((tmp_path / "bg.pid").read_text())
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not os.path.exists(repo) and not _alive(pid)

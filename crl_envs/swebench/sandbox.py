@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -192,6 +193,21 @@ class Sandbox(ABC):
 
 
 # ----------------------------------------------------------------------------- local
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _remove_local(groups: set[int], checkout: Path, root: Path) -> None:
+    for pgid in groups:
+        _kill_group(pgid)
+    groups.clear()
+    shutil.rmtree(checkout, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def _run_git(args: list[str], cwd: Path) -> None:
     env = {**os.environ, "GIT_AUTHOR_NAME": "crl", "GIT_AUTHOR_EMAIL": "crl@localhost",
            "GIT_COMMITTER_NAME": "crl", "GIT_COMMITTER_EMAIL": "crl@localhost",
@@ -281,6 +297,9 @@ class LocalSandbox(Sandbox):
         self._env = {**passed, "PATH": path, "PAGER": "cat", "GIT_PAGER": "cat",
                      "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
         self._groups: set[int] = set()
+        # Runs on close(), or when the sandbox is collected or the interpreter exits unclosed.
+        self._finalizer = weakref.finalize(self, _remove_local, self._groups, self._checkout,
+                                           self._root)
 
     # -- shell
     def run(self, command: str, timeout: float) -> CommandResult:
@@ -328,10 +347,7 @@ class LocalSandbox(Sandbox):
         return CommandResult(output, exit_code)
 
     def _kill_group(self, pgid: int) -> None:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(pgid)
 
     # -- files
     def check_path(self, path: str) -> str:
@@ -442,11 +458,7 @@ class LocalSandbox(Sandbox):
             shutil.rmtree(pristine, ignore_errors=True)
 
     def close(self) -> None:
-        for pgid in self._groups:
-            self._kill_group(pgid)
-        self._groups.clear()
-        shutil.rmtree(self._checkout, ignore_errors=True)
-        shutil.rmtree(self._root, ignore_errors=True)
+        self._finalizer()
 
 
 # ----------------------------------------------------------------------------- docker
@@ -467,6 +479,13 @@ def docker_client() -> Any:
             f"default socket: {err}). Start Docker, or use sandbox='local' for trusted tasks."
         ) from err
     return client
+
+
+def _remove_container(container: Any) -> None:
+    try:
+        container.remove(force=True)
+    except Exception as err:  # already gone, or the daemon went away
+        warnings.warn(f"Could not remove container {container.id}: {err}", stacklevel=2)
 
 
 class DockerSandbox(Sandbox):
@@ -504,6 +523,8 @@ class DockerSandbox(Sandbox):
             working_dir=CONTAINER_REPO,
             name=f"crl.{self.instance_id.lower()}.{self.run_id}",
         )
+        # Runs on close(), or when the sandbox is collected or the interpreter exits unclosed.
+        self._finalizer = weakref.finalize(self, _remove_container, self.container)
         self._exec(["mkdir", "-p", self._state_dir], timeout=30)
         # What an interactive shell would read: SWE-bench images activate the `testbed` conda
         # env in /root/.bashrc, and SWE-agent's interactive session starts from it.
@@ -615,9 +636,6 @@ class DockerSandbox(Sandbox):
             shutil.rmtree(run_dir, ignore_errors=True)
 
     def close(self) -> None:
-        container, self.container = getattr(self, "container", None), None
-        if container is not None:
-            try:
-                container.remove(force=True)
-            except Exception as err:  # already gone, or the daemon went away
-                warnings.warn(f"Could not remove container {container.id}: {err}", stacklevel=2)
+        finalizer = getattr(self, "_finalizer", None)  # absent when the container never started
+        if finalizer is not None:
+            finalizer()
