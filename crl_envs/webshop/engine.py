@@ -151,6 +151,7 @@ class WebShopSite:
         return [products[i] for i in self.engine.search(query, k=SEARCH_RETURN_N)]
 
     def _show_results(self, page_number: int) -> None:
+        self._clickables = None
         self.page, self.page_number, self.asin, self.options = "search_results", page_number, None, {}
 
     def _buy(self) -> None:

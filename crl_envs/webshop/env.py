@@ -182,7 +182,10 @@ class WebShopEnv(TextEnv):
             return Transition(observation=site.observation())
         if name == "click":
             clickables = site.clickables()
-            if argument == "search" or argument not in clickables:
+            if argument == "search":
+                return self.invalid("the search bar is used with search[QUERY], not clicked.",
+                                    self._allowed_text())
+            if argument not in clickables:
                 return self.invalid(f"there is no {argument[:80]!r} to click on this page.",
                                     self._allowed_text())
             done = site.click(argument)
