@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,7 @@ class SWEBenchEnv(TextEnv):
             return DockerSandbox(instance, client=self._docker_client)
         if self._workroot is None:
             self._workroot = Path(tempfile.mkdtemp(prefix="crl-swe-env-"))
+            self._remove_workroot = weakref.finalize(self, shutil.rmtree, self._workroot, True)
         workdir = self._workroot / "testbed"
         if self.dataset == "toy":
             sandbox = LocalSandbox(TOY_DIR / "repo", workdir=workdir)
@@ -199,6 +201,6 @@ class SWEBenchEnv(TextEnv):
     def close(self) -> None:
         self._close_sandbox()
         if self._workroot is not None:
-            shutil.rmtree(self._workroot, ignore_errors=True)
+            self._remove_workroot()
             self._workroot = None
         super().close()
