@@ -44,6 +44,9 @@ def test_reset_shows_issue_and_repo_location():
     assert info["task"].startswith("`merge()` gives wrong results")
     assert "<function=" in info["instructions"]
     assert info["admissible_actions"] is None and info["won"] is False
+    assert info["task_id"] == "crl-gym__toy-intervals-1"
+    _, _, _, _, info = env.step("no tool call here")
+    assert info["task_id"] == "crl-gym__toy-intervals-1" and not info["action_valid"]
     env.close()
 
 

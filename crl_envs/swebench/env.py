@@ -68,9 +68,11 @@ class SWEBenchEnv(TextEnv):
     a path outside the checkout), is an invalid action; a bash command that fails is a valid
     one (it ran; the observation ends with its exit code).
 
-    ``reset(options={"task_id": ...})`` picks a task; else the seed does. The final ``info``
-    holds ``patch``, ``resolved``, ``fail_to_pass`` and ``pass_to_pass`` (pass fractions),
-    ``report`` (swebench's) and ``submitted_by`` (``"submit"`` or ``"step_limit"``).
+    ``reset(options={"task_id": ...})`` picks a task; else the seed does. ``info["task_id"]``
+    is the task's ``instance_id`` (what results files and ``crl swe filter`` key on). The final
+    ``info`` holds ``patch``, ``resolved``, ``fail_to_pass`` and ``pass_to_pass`` (pass
+    fractions), ``report`` (swebench's) and ``submitted_by`` (``"submit"`` or
+    ``"step_limit"``).
 
     Example:
         >>> import warnings, gymnasium as gym, crl_envs
@@ -119,6 +121,12 @@ class SWEBenchEnv(TextEnv):
     def task(self) -> str:
         return self.instance["problem_statement"] if self.instance else ""
 
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        observation, info = super().reset(seed=seed, options=options)
+        info["task_id"] = self.instance["instance_id"]
+        return observation, info
+
     def _reset(self, seed: int | None, options: dict[str, Any]) -> str:
         task_id = options.get("task_id")
         if task_id is not None and task_id not in self._by_id:
@@ -139,7 +147,8 @@ class SWEBenchEnv(TextEnv):
         result = self.tools.call(action)
         at_limit = self.max_steps is not None and self._steps >= self.max_steps
         if not (result.submitted or at_limit):
-            return Transition(observation=result.output, valid=result.valid)
+            return Transition(observation=result.output, valid=result.valid,
+                              info={"task_id": self.instance["instance_id"]})
         patch = self.sandbox.diff()
         grade = grade_patch(self.sandbox, self.instance, patch, timeout=self.eval_timeout)
         submitted_by = "submit" if result.submitted else "step_limit"
@@ -156,7 +165,7 @@ class SWEBenchEnv(TextEnv):
             valid=True, won=grade.resolved, terminated=result.submitted,
             score=float(grade.resolved),
             info={**self._grade_info(patch, grade), "submitted_by": submitted_by,
-                  "action_valid": result.valid},
+                  "action_valid": result.valid, "task_id": self.instance["instance_id"]},
         )
 
     @staticmethod
