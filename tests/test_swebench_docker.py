@@ -322,3 +322,15 @@ def test_docker_commands_really_run(tmp_path):
     diff = box.diff()
     assert "+    return 2" in diff and "+++ b/pkg/sub/new.py" in diff
     box.close()
+
+
+@pytest.mark.data
+def test_seed_k_is_task_k_of_the_task_list(data_dir):
+    folder = data_dir("swebench", "verified_test.parquet")
+    wanted = ["django__django-11099", "astropy__astropy-12907", "sympy__sympy-20590"]
+    client = FakeClient(local_images=[row["image"] for row in
+                                      load_instances("verified", data_dir=folder, task_ids=wanted)])
+    env = gym.make("CRL/SWEBench-v0", data_dir=folder, task_ids=wanted, docker_client=client)
+    seen = [env.reset(seed=seed)[1]["task_id"] for seed in range(6)]
+    assert seen == wanted + wanted
+    env.close()

@@ -68,7 +68,8 @@ class SWEBenchEnv(TextEnv):
     a path outside the checkout), is an invalid action; a bash command that fails is a valid
     one (it ran; the observation ends with its exit code).
 
-    ``reset(options={"task_id": ...})`` picks a task; else the seed does. ``info["task_id"]``
+    ``reset(options={"task_id": ...})`` picks a task; else ``seed`` k picks task k mod N (in
+    the order of the dataset or of ``task_ids``), so seeds 0..N-1 visit every task once. ``info["task_id"]``
     is the task's ``instance_id`` (what results files and ``crl swe filter`` key on). The final
     ``info`` holds ``patch``, ``resolved``, ``fail_to_pass`` and ``pass_to_pass`` (pass
     fractions), ``report`` (swebench's) and ``submitted_by`` (``"submit"`` or
@@ -133,7 +134,10 @@ class SWEBenchEnv(TextEnv):
             raise KeyError(f"Unknown task_id {task_id!r} for {self.env_id}; "
                            f"{len(self._by_id)} tasks are loaded.")
         if task_id is None:
-            task_id = self.instances[int(self.np_random.integers(len(self.instances)))]["instance_id"]
+            # Seed k is task k mod N, so seeds 0..N-1 visit every task once (an eval's sweep).
+            index = seed % len(self.instances) if seed is not None else \
+                int(self.np_random.integers(len(self.instances)))
+            task_id = self.instances[index]["instance_id"]
         self._close_sandbox()
         self.instance = self._by_id[task_id]
         self.sandbox = self._make_sandbox(self.instance)
