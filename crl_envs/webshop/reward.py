@@ -159,11 +159,14 @@ class TitleNouns:
             self._save()
 
     def _save(self) -> None:
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.cache_file.parent, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(self._nouns, handle)
-        os.replace(tmp, self.cache_file)  # atomic: a crash leaves the old cache whole
+        try:
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.cache_file.parent, suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(self._nouns, handle)
+            os.replace(tmp, self.cache_file)  # atomic: a crash leaves the old cache whole
+        except OSError:
+            pass  # an unwritable cache only means tagging again in the next process
 
     def __call__(self, title: str) -> list[str]:
         if title not in self._nouns:
