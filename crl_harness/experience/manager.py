@@ -10,6 +10,7 @@ Holds:
   - retrieval (the retriever protocol of ``wrappers.experience``): queries go to a queue, a
     batcher groups them (up to ``batch_size`` queries or ``batch_wait_s``; it does not wait when a
     search worker is idle) and ``search_workers`` threads serve the batches under the read lock;
+    a query that finds no queue and a free search slot is served in the caller's thread;
   - distillation: ``submit`` queues a request; ``max_concurrent_extractions`` threads call the
     extractor (any callable ``prompt -> str`` or an object with ``.text``), parse its answer
     strictly and apply the operations under the write lock;
@@ -285,7 +286,13 @@ class ExperienceManager:
         if self._closed:
             raise RuntimeError("ExperienceManager is closed; create a new one to retrieve.")
         future: Future = Future()
-        self._queries.put(_Query(env_id, query, int(k), future))
+        request = _Query(env_id, query, int(k), future)
+        if self._queries.empty() and self._claim_search_slot():
+            # Nobody to batch with and a search slot free: serve in this thread, sparing the
+            # two thread hand-offs (each can cost a scheduler time slice on a busy machine).
+            self._serve(env_id, [request])
+        else:
+            self._queries.put(request)
         return future.result()
 
     def report_outcome(self, entry_ids: Sequence[str], score: float) -> None:
@@ -548,7 +555,15 @@ class ExperienceManager:
             if stop:
                 return
 
+    def _claim_search_slot(self) -> bool:
+        with self._busy_lock:
+            if self._busy_searches >= self.config.search_workers:
+                return False
+            self._busy_searches += 1
+            return True
+
     def _serve(self, env_id: str, queries: list[_Query]) -> None:
+        """Answer ``queries`` (one search slot, claimed by the caller, is released here)."""
         try:
             self._count("retrieval_batches")
             self._count("retrievals", len(queries))

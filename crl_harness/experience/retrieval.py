@@ -175,7 +175,10 @@ class Embedder:
         elif not Path(model).exists():
             raise EmbeddingModelError(f"Embedding model path {model!r} does not exist.")
         self.model = SentenceTransformer(model, device="cpu")
-        self.dim = int(self.model.get_sentence_embedding_dimension())
+        # sentence-transformers 6 renamed the method; 5.x has only the old name.
+        dimension = getattr(self.model, "get_embedding_dimension", None) \
+            or self.model.get_sentence_embedding_dimension
+        self.dim = int(dimension())
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
