@@ -3,8 +3,8 @@
 Holds:
 - ``Grade``: the outcome of grading one patch (resolved, FAIL_TO_PASS / PASS_TO_PASS pass
   fractions, swebench's report).
-- ``test_spec``: swebench's ``make_test_spec`` for a row.
-- ``grade_log``: swebench's ``get_eval_report`` over a test log (no Docker needed).
+- ``grade_log``: swebench's ``get_eval_report`` over a test log, with the row's
+  ``make_test_spec`` (log parser, expected tests); no Docker needed.
 - ``grade_patch``: run the sandbox's evaluation of a patch, then ``grade_log``.
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from crl_envs.swebench.sandbox import Sandbox
 
-__all__ = ["Grade", "test_spec", "grade_log", "grade_patch"]
+__all__ = ["Grade", "grade_log", "grade_patch"]
 
 
 @dataclass
@@ -37,13 +37,6 @@ class Grade:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def test_spec(instance: dict[str, Any]) -> Any:
-    """swebench's ``TestSpec`` of a row (image, eval script, log parser, expected tests)."""
-    from swebench.harness.utils import make_test_spec
-
-    return make_test_spec(instance)
-
-
 def _fraction(lists: dict[str, list[str]]) -> float:
     total = len(lists["success"]) + len(lists["failure"])
     return len(lists["success"]) / total if total else 1.0
@@ -56,6 +49,7 @@ def grade_log(instance: dict[str, Any], patch: str | None, log_path: Path | None
     """
     from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS
     from swebench.harness.grading import get_eval_report
+    from swebench.harness.utils import make_test_spec
 
     instance_id = instance["instance_id"]
     if not patch or log_path is None:
@@ -63,7 +57,7 @@ def grade_log(instance: dict[str, Any], patch: str | None, log_path: Path | None
                   "patch_successfully_applied": False, "resolved": False}
         return Grade(False, False, 0.0, 0.0, report)
     prediction = {"instance_id": instance_id, "model_patch": patch, "model_name_or_path": "crl"}
-    report = get_eval_report(test_spec(instance), prediction, str(log_path),
+    report = get_eval_report(make_test_spec(instance), prediction, str(log_path),
                              include_tests_status=True)[instance_id]
     status = report.get("tests_status")
     if not status:
