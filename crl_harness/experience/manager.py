@@ -400,6 +400,13 @@ class ExperienceManager:
         for thread in self._threads:
             thread.join()
         self._search_pool.shutdown(wait=True)
+        while True:  # a query that raced with close must not wait forever
+            try:
+                late = self._queries.get_nowait()
+            except queue.Empty:
+                break
+            if late is not None:
+                late.future.set_exception(RuntimeError("ExperienceManager closed."))
         self.bank.sync_retrieval_stats()
 
     def __enter__(self) -> ExperienceManager:
