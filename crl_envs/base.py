@@ -10,6 +10,7 @@ Holds:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,11 +44,30 @@ MAX_ACTION_LENGTH: int = 10_000
 REPLACEMENT_CHAR = "\ufffd"
 
 
+def _excluded_pattern() -> re.Pattern[str]:
+    """One regex class of every character outside ``TEXT_CHARSET`` (searching it runs in C)."""
+    ranges, start = [], None
+    for code in range(0x10000):
+        excluded = chr(code) not in _CHARSET_SET
+        if excluded and start is None:
+            start = code
+        elif not excluded and start is not None:
+            ranges.append((start, code - 1))
+            start = None
+    if start is not None:
+        ranges.append((start, 0xFFFF))
+    parts = [re.escape(chr(a)) + ("-" + re.escape(chr(b)) if b > a else "") for a, b in ranges]
+    return re.compile("[" + "".join(parts) + "\U00010000-\U0010FFFF]")
+
+
+_EXCLUDED = _excluded_pattern()
+
+
 def sanitize_text(text: str) -> str:
     """Map characters outside ``TEXT_CHARSET`` (control bytes, astral emoji) to U+FFFD."""
-    if all(ch in _CHARSET_SET for ch in text):
+    if _EXCLUDED.search(text) is None:
         return text
-    return "".join(ch if ch in _CHARSET_SET else REPLACEMENT_CHAR for ch in text)
+    return _EXCLUDED.sub(REPLACEMENT_CHAR, text)
 
 
 @dataclass
