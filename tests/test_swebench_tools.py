@@ -308,3 +308,13 @@ def test_an_unclosed_sandbox_is_cleaned_up_when_collected(tmp_path):
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
     assert not os.path.exists(repo) and not _alive(pid)
+
+
+def test_shell_survives_hostile_commands(tools):
+    assert bash(tools, "kill -9 $$").output.endswith("[exit code 137]")
+    assert bash(tools, "trap 'echo trapped' EXIT; cd pkg; X=7").output == "(no output)\n[exit code 0]"
+    assert bash(tools, "echo $X; basename $PWD").output == "7\npkg\n[exit code 0]"
+    assert bash(tools, "set -e; false; echo never").output == "(no output)\n[exit code 1]"
+    result = bash(tools, "unset PATH; echo gone")
+    assert result.output == "gone\n[exit code 0]"  # the session is still saved without PATH
+    assert "No such file" in bash(tools, "ls").output

@@ -59,12 +59,16 @@ CONTAINER_REPO = "/testbed"
 # Restores the session (cwd, shell and exported variables, functions, aliases), runs the
 # command with stdin closed (an interactive program must not wait for input that never comes),
 # and saves the session on every exit path, `exit N` included; the exit status stays the
-# command's. Bash's own dynamic and read-only variables are not saved.
+# command's. Bash's own dynamic and read-only variables are not saved. An EXIT trap the command
+# sets is dropped, as a persistent shell would run it only when the session ends.
 _SHELL_WRAPPER = r"""
 __crl_state=$1; __crl_cmd=$2; set --
 shopt -s expand_aliases
-if [ -f "$__crl_state/cwd" ]; then cd "$(cat "$__crl_state/cwd")" 2>/dev/null; fi
-if [ -f "$__crl_state/env" ]; then . "$__crl_state/env" 2>/dev/null; fi
+if [ -f "$__crl_state/env" ]; then
+  unset $(compgen -e) 2>/dev/null  # the saved session's environment, not the inherited one
+  . "$__crl_state/env" 2>/dev/null
+fi
+if [ -f "$__crl_state/cwd" ]; then cd "$(< "$__crl_state/cwd")" 2>/dev/null; fi
 __crl_save() {
   {
     for __crl_v in $(compgen -v); do
@@ -75,11 +79,16 @@ __crl_save() {
       esac
     done
     declare -f; alias -p
-  } > "$__crl_state/env.tmp" 2>/dev/null && mv -f "$__crl_state/env.tmp" "$__crl_state/env"
+  } > "$__crl_state/env.tmp" 2>/dev/null \
+    && command -p mv -f "$__crl_state/env.tmp" "$__crl_state/env"
   pwd > "$__crl_state/cwd"
 }
 trap __crl_save EXIT
 eval "$__crl_cmd" < /dev/null
+__crl_rc=$?
+__crl_save
+trap - EXIT
+exit $__crl_rc
 """
 
 # Against the base commit, not HEAD: changes the agent has committed are part of its answer.
@@ -340,6 +349,8 @@ class LocalSandbox(Sandbox):
                     kept += chunk[: _READ_CAP - len(kept)]
         proc.stdout.close()
         exit_code = proc.wait()
+        if exit_code < 0:  # killed by a signal: report it as a shell does (128 + N)
+            exit_code = 128 - exit_code
         text = kept.decode("utf-8", errors="replace")
         output = cut_output(text, total=total if total > len(kept) else None)
         if timed_out:
