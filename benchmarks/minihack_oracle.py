@@ -1,6 +1,7 @@
 """Success rate of the text-only MiniHack oracle within the 30-step limit, over many seeds.
 
     .venv/bin/python benchmarks/minihack_oracle.py [--seeds 200] [--ids CRL/MiniHackRoom-v0 ...]
+        [--max-steps N]   # another step limit than the registered 30 (e.g. to see River crossed)
 
 Prints, per env id (and per Room variant): wins / seeds, the rate, the mean number of steps of
 the won episodes, and how the lost ones ended (truncated at 30 steps or terminated: death).
@@ -27,8 +28,8 @@ CASES = [
 ]
 
 
-def evaluate(env_id: str, kwargs: dict, seeds: int) -> dict:
-    env = gym.make(env_id, **kwargs)
+def evaluate(env_id: str, kwargs: dict, seeds: int, max_steps: int | None) -> dict:
+    env = gym.make(env_id, max_episode_steps=max_steps, **kwargs)
     oracle = MiniHackOracle(env)
     wins, won_steps, truncated_count, terminated_lost = 0, [], 0, 0
     for seed in range(seeds):
@@ -58,13 +59,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=200, help="seeds 0..N-1 per case")
     parser.add_argument("--ids", nargs="*", help="only these env ids")
+    parser.add_argument("--max-steps", type=int, default=None, help="step limit (default: 30)")
     args = parser.parse_args()
     print(f"{'env':<36} {'won':>9} {'rate':>6} {'steps':>6} {'trunc':>6} {'died':>5} {'secs':>5}")
     for env_id, kwargs in CASES:
         if args.ids and env_id not in args.ids:
             continue
         start = time.perf_counter()
-        result = evaluate(env_id, kwargs, args.seeds)
+        result = evaluate(env_id, kwargs, args.seeds, args.max_steps)
         name = env_id + "".join(f" {k}={v}" for k, v in kwargs.items())
         print(
             f"{name:<36} {result['wins']:>4}/{args.seeds:<4} {result['wins'] / args.seeds:>6.1%}"

@@ -37,7 +37,8 @@ _DOORS = ("+", OPEN_DOOR)
 _WALKABLE = {".": 1.0, ">": 1.0, "<": 1.0, "(": 1.0, OPEN_DOOR: 1.0, UNEXPLORED: 1.5, "^": 25.0}
 _INFORMATION_WEIGHT = 6.0  # exploring: one more unknown neighbour is worth 6 steps of detour
 _MONSTER_COST = 6.0
-_NO_FOLLOW_UP = 60  # River look-ahead: the cost charged when no boulder can make the next fill  # walking into a monster attacks it: fine when going around is longer
+_RIVER_WIDTH = 3  # MiniHack-River-v0: three columns of water
+_RIVER_MAX_PLAN = 80  # River: longer push plans are not searched  # walking into a monster attacks it: fine when going around is longer
 _MAP_HEADER = re.compile(r"Map \(top-left cell is x=(\d+), y=(\d+);")
 _HERO = re.compile(r"You \(@\) are at x=(\d+), y=(\d+)\.")
 
@@ -326,51 +327,49 @@ def _push(floor: set[Cell], boulders: set[Cell], hero: Cell, boulder: Cell, wate
 
 
 def _river_plan(view: ParsedView) -> list[tuple[Cell, str]]:
-    """The cheapest boulder push into the river that extends the crossing furthest east.
+    """The shortest chain of boulder pushes found that fills a crossing of the river.
 
-    Water blocks sight, so the river's width shows only as it is filled: fill the eastmost water
-    cell a boulder can reach, then look again. Among those, prefer the push that leaves another
-    boulder cheaply placed for the next fill (one step of look-ahead).
+    Water blocks sight, so the oracle sees only the near column of the river; it assumes MiniHack
+    River's width (``_RIVER_WIDTH`` columns, hidden ones unexplored) and replans whenever the game
+    differs from the plan (a boulder sinks without filling, a push fails). Each fill must touch
+    the previous one (8-way), so the hero can walk across; branch and bound over which boulder
+    fills which cell, pushes planned by ``_push``.
     """
-    boulders = set(view.find("`"))
+    boulders = frozenset(view.find("`"))
     floor = {cell for cell, char in view.cells.items() if char in _FLOOR} | boulders
     water = view.find("}")
     if not water:
         return []
-    # Beyond a filled cell the river is hidden: unexplored cells east of its bank may be water.
-    bank = min(cell[0] for cell in water)
-    unknown = [cell for cell in view.find(UNEXPLORED) if cell[0] > bank]
-    targets = [
-        cell for cell in water + unknown
-        if any((cell[0] - 1, cell[1] + dy) in floor for dy in (-1, 0, 1))
-    ]
-    if not targets:
-        return []
-    east = max(cell[0] for cell in targets)
-    best: tuple[float, list[tuple[Cell, str]]] | None = None
-    for target in sorted(targets, key=lambda cell: -cell[0]):
-        if best is not None and target[0] < east:
-            break
-        for boulder in boulders:
-            plan = _push(floor, boulders, view.hero, boulder, target)
-            if plan is None:
-                continue
-            after_floor = floor | {target}
-            after_boulders = boulders - {boulder}
-            next_cost = min(
-                (
-                    len(follow.steps)
-                    for nxt in ((target[0] + 1, target[1] + dy) for dy in (-1, 0, 1))
-                    if view.cells.get(nxt) in ("}", UNEXPLORED)
-                    for other in after_boulders
-                    if (follow := _push(after_floor, after_boulders, plan.hero, other, nxt))
-                ),
-                default=_NO_FOLLOW_UP,
-            )
-            cost = len(plan.steps) + next_cost
-            if best is None or cost < best[0]:
-                best = (cost, plan.steps)
-    return list(best[1]) if best else []
+    far_bank = min(cell[0] for cell in water) + _RIVER_WIDTH
+    best: list = [None, _RIVER_MAX_PLAN]  # steps, cost
+
+    def extend(hero: Cell, boulders: frozenset, floor: set, last: Cell | None, steps: list) -> None:
+        column = (last[0] + 1) if last else None
+        if column == far_bank or (last and not boulders):
+            if len(steps) < best[1]:
+                best[:] = [steps, len(steps)]
+            return
+        if last is None:
+            targets = [cell for cell in water if any((cell[0] - 1, cell[1] + dy) in floor for dy in (-1, 0, 1))]
+        else:
+            targets = [
+                (column, last[1] + dy) for dy in (-1, 0, 1)
+                if view.cells.get((column, last[1] + dy), UNEXPLORED) in ("}", UNEXPLORED)
+            ]
+        options = []
+        for target in targets:
+            for boulder in boulders:
+                if target[0] - boulder[0] + len(steps) >= best[1]:
+                    continue  # every push moves the boulder one column at most
+                plan = _push(floor, boulders, hero, boulder, target)
+                if plan is not None:
+                    options.append((len(plan.steps), target, boulder, plan))
+        for _, target, boulder, plan in sorted(options, key=lambda option: option[0]):
+            if len(steps) + len(plan.steps) < best[1]:
+                extend(plan.hero, boulders - {boulder}, floor | {target}, target, steps + plan.steps)
+
+    extend(view.hero, boulders, floor, None, [])
+    return list(best[0]) if best[0] else []
 
 
 def _distance(a: Cell, b: Cell) -> int:
