@@ -305,6 +305,8 @@ def test_docker_commands_really_run(tmp_path):
         "5\nm.py\n[exit code 0]"
     slow = tools.call(format_tool_call("bash", command="echo begun; sleep 30"))
     assert "timed out after 1 seconds" in slow.output
+    killed = tools.call(format_tool_call("bash", command="kill -9 $$"))
+    assert killed.output.endswith("[exit code 137]")  # died of SIGKILL, not a timeout
     edit = tools.call(format_tool_call("str_replace_editor", command="str_replace",
                                        path="/testbed/pkg/m.py", old_str="return 1",
                                        new_str="return 2"))

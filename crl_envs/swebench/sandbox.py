@@ -543,7 +543,9 @@ class DockerSandbox(Sandbox):
 
     def _exec(self, argv: list[str], timeout: float) -> CommandResult:
         api = self.client.api
-        wrapped = ["timeout", "--kill-after=5", str(max(1, int(timeout))), *argv]
+        seconds = max(1, int(timeout))
+        wrapped = ["timeout", "--kill-after=5", str(seconds), *argv]
+        started = time.monotonic()
         exec_id = api.exec_create(self.container.id, wrapped, workdir=CONTAINER_REPO,
                                   user="root", environment={"PAGER": "cat", "GIT_PAGER": "cat",
                                                             "TERM": "dumb"})["Id"]
@@ -561,7 +563,9 @@ class DockerSandbox(Sandbox):
         exit_code = state["ExitCode"]
         output = cut_output(kept.decode("utf-8", errors="replace"),
                             total=total if total > len(kept) else None)
-        if exit_code in (124, 137):  # coreutils timeout: TERM sent (124) or KILL needed (137)
+        # coreutils timeout exits 124 when it sent TERM, 137 when it needed KILL; a command
+        # that died of SIGKILL on its own also gives 137, but sooner.
+        if exit_code == 124 or (exit_code == 137 and time.monotonic() - started >= seconds):
             return CommandResult(output, None, timed_out=True)
         return CommandResult(output, exit_code)
 
