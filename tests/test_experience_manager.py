@@ -284,3 +284,39 @@ def test_bad_config_raises():
         RetrievalConfig(backend="tfidf")
     with pytest.raises(ValueError, match="search_workers"):
         ManagerConfig(search_workers=0)
+
+
+def test_read_write_lock_starves_neither_side():
+    from crl_harness.experience import ReadWriteLock
+
+    lock = ReadWriteLock()
+    stop = threading.Event()
+    inside = {"readers": 0, "writers": 0, "overlap": 0}
+    count_lock = threading.Lock()
+
+    def hold(kind: str) -> None:
+        while not stop.is_set():
+            with lock.read() if kind == "readers" else lock.write():
+                with count_lock:
+                    inside[kind] += 1
+                    if inside["writers"] > 1 or (inside["writers"] and inside["readers"]):
+                        inside["overlap"] += 1
+                time.sleep(0.001)
+                with count_lock:
+                    inside[kind] -= 1
+
+    threads = [threading.Thread(target=hold, args=("readers",)) for _ in range(8)]
+    threads += [threading.Thread(target=hold, args=("writers",)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)  # both sides now compete without pause
+    waits = {}
+    for kind in ("readers", "writers"):
+        start = time.monotonic()
+        with lock.read() if kind == "readers" else lock.write():
+            waits[kind] = time.monotonic() - start
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert inside["overlap"] == 0, "a writer shared the lock"
+    assert waits["readers"] < 1.0 and waits["writers"] < 1.0, waits

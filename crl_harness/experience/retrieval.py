@@ -175,6 +175,7 @@ class Embedder:
         elif not Path(model).exists():
             raise EmbeddingModelError(f"Embedding model path {model!r} does not exist.")
         self.model = SentenceTransformer(model, device="cpu")
+        self._lock = threading.Lock()
         # sentence-transformers 6 renamed the method; 5.x has only the old name.
         dimension = getattr(self.model, "get_embedding_dimension", None) \
             or self.model.get_sentence_embedding_dimension
@@ -183,8 +184,11 @@ class Embedder:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self.model.encode(list(texts), batch_size=64, normalize_embeddings=True,
-                                    convert_to_numpy=True, show_progress_bar=False)
+        # One forward pass at a time: torch already uses every core for one, and queries that
+        # wait here meanwhile form larger batches upstream.
+        with self._lock:
+            vectors = self.model.encode(list(texts), batch_size=64, normalize_embeddings=True,
+                                        convert_to_numpy=True, show_progress_bar=False)
         return vectors.astype(np.float32, copy=False)
 
 
