@@ -263,7 +263,9 @@ class HostContainerClient(FakeClient):
                 argv = [client.host(arg) for arg in sent["cmd"]]
                 done = subprocess.run(argv, cwd=client.host(sent["workdir"]),
                                       capture_output=True)
-                self._codes[exec_id] = done.returncode
+                # docker reports a signal death as 128 + N, as a shell does
+                code = done.returncode
+                self._codes[exec_id] = code if code >= 0 else 128 - code
                 return iter([done.stdout + done.stderr])
 
         class Container(FakeContainer):
