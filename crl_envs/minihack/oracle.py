@@ -251,7 +251,14 @@ class MiniHackOracle:
 
 
     def _river(self, view: ParsedView) -> str | None:
-        """Follow the boulder plan while the game goes as predicted; replan when it does not."""
+        """Cross once a crossing is filled; else follow the boulder plan, replanning on surprises."""
+        water = view.find("}")
+        if water:
+            far_bank = min(cell[0] for cell in water) + _RIVER_WIDTH
+            across = {cell for cell in _paths(view, self._blocked) if cell[0] >= far_bank}
+            if across:
+                self._plan = []
+                return _cheapest_first_step(view, across, self._blocked)
         if not (self._plan and self._plan[0][0] == view.hero):
             self._plan = _river_plan(view)
         if self._plan and self._plan[0][0] == view.hero:
