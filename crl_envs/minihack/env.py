@@ -39,8 +39,7 @@ DIRECTIONS: dict[str, nethack.CompassDirection] = {
     "southeast": nethack.CompassDirection.SE,
     "southwest": nethack.CompassDirection.SW,
 }
-_ORTHOGONAL = ("north", "south", "east", "west")
-_OFFSETS = {"north": (0, -1), "south": (0, 1), "east": (1, 0), "west": (-1, 0)}
+_ORTHOGONAL_OFFSETS = {"north": (0, -1), "south": (0, 1), "east": (1, 0), "west": (-1, 0)}
 _CLOSED_DOOR_GLYPHS = (nethack.GLYPH_CMAP_OFF + 15, nethack.GLYPH_CMAP_OFF + 16)
 _MAX_DOOR_TRIES = 10  # a door can be "stuck" several times in a row before it opens
 
@@ -164,10 +163,8 @@ class MiniHackEnv(TextEnv):
         self._nle = self._raw.unwrapped
         self._actions = list(DIRECTIONS)
         if self.spec_task.uses_key:
-            self._actions += ["pickup"] + [f"apply key {d}" for d in _ORTHOGONAL]
-        self._action_index = {
-            keystroke: i for i, keystroke in enumerate(self._nle.actions)
-        }
+            self._actions += ["pickup"] + [f"apply key {d}" for d in _ORTHOGONAL_OFFSETS]
+        self._action_index = {keystroke: i for i, keystroke in enumerate(self._nle.actions)}
         self._view = FogOfWarView()
         self._obs: dict[str, np.ndarray] = {}
         self._status = ""
@@ -202,8 +199,7 @@ class MiniHackEnv(TextEnv):
         return list(self._actions)
 
     def _message(self) -> str:
-        raw = self._obs["message"].tobytes()
-        return raw[: raw.find(b"\0") if b"\0" in raw else len(raw)].decode("latin-1").strip()
+        return self._obs["message"].tobytes().split(b"\0", 1)[0].decode("latin-1").strip()
 
     def _keys_carried(self) -> list[str]:
         """Inventory lines of the keys carried (the rogue's other starting gear does not matter)."""
@@ -245,7 +241,7 @@ class MiniHackEnv(TextEnv):
     def _step(self, action: str) -> Transition:
         command = self.normalize_action(action)
         if command not in self._actions:
-            return self.invalid(f"{action!r:.80} is not an action.", self._actions)
+            return self.invalid(f"{action[:80]!r} is not an action.", self._actions)
         if command.startswith("apply key "):
             return self._apply_key(command.removeprefix("apply key "))
         keystroke = nethack.Command.PICKUP if command == "pickup" else DIRECTIONS[command]
@@ -280,7 +276,7 @@ class MiniHackEnv(TextEnv):
                 "you carry no key. Stand on the key and use `pickup` first.", self._actions
             )
         hx, hy = (int(v) for v in self._obs["blstats"][:2])
-        dx, dy = _OFFSETS[direction]
+        dx, dy = _ORTHOGONAL_OFFSETS[direction]
         if self._obs["glyphs"][hy + dy, hx + dx] not in _CLOSED_DOOR_GLYPHS:
             return self.invalid(f"there is no closed door to the {direction}.", self._actions)
         # Keystrokes straight to NetHack; self._obs views NLE's buffers, which every step refills.
