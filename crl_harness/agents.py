@@ -51,10 +51,10 @@ class ModelAgent:
         >>> from crl_harness.models.tiny import build_tiny_model
         >>> agent = ModelAgent(HFBackend(build_tiny_model(tempfile.mkdtemp())),
         ...                    RolloutConfig(max_new_tokens=4, seed=0))
-        >>> env = gym.make("CRL/Sokoban-v0")
+        >>> env = gym.make("CRL/Sokoban-v0", max_episode_steps=3)
         >>> traj = run_episode(env, agent, EpisodeSpec("CRL/Sokoban-v0", seed=0))
         >>> traj.steps, traj.won
-        (30, False)
+        (3, False)
     """
 
     def __init__(self, backend: ModelBackend, config: RolloutConfig | None = None) -> None:

@@ -143,12 +143,17 @@ class Conversation:
         else:
             turns = self.turns[-self.history:] if self.history > 0 else []
         messages = self._render(turns)
-        if budget is None or count_tokens is None:
+        if budget is None or count_tokens is None or count_tokens(messages) <= budget:
             return messages
-        while turns and count_tokens(messages) > budget:
-            turns = turns[1:]
-            messages = self._render(turns)
-        return messages
+        # Binary search for the fewest oldest turns to drop: O(log n) token counts of the prompt.
+        low, high = 1, len(turns)  # dropping `high` turns always "fits" (nothing left to drop)
+        while low < high:
+            middle = (low + high) // 2
+            if count_tokens(self._render(turns[middle:])) <= budget:
+                high = middle
+            else:
+                low = middle + 1
+        return self._render(turns[high:])
 
     def _render(self, turns: list[tuple[str, str]]) -> list[Message]:
         messages: list[Message] = [{"role": "system", "content": self.system}]

@@ -224,10 +224,11 @@ class RolloutEngine:
         >>> from crl_harness.models import HFBackend
         >>> from crl_harness.models.tiny import build_tiny_model
         >>> engine = RolloutEngine(HFBackend(build_tiny_model(tempfile.mkdtemp())),
-        ...                        max_new_tokens=8, seed=0)
+        ...                        max_new_tokens=8, seed=0,
+        ...                        env_kwargs={"CRL/Sokoban-v0": {"max_episode_steps": 4}})
         >>> [traj] = engine.run([EpisodeSpec("CRL/Sokoban-v0", seed=3)])
-        >>> traj.steps == len(traj.turns) == 30 and traj.format_failures == 30
-        True
+        >>> traj.steps, traj.format_failures, traj.truncated  # a random model: no valid answer
+        (4, 4, True)
         >>> engine.close()
     """
 

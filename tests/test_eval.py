@@ -1,0 +1,85 @@
+"""``crl eval``: scripted and model agents on real envs, the report files, the statistics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from crl_envs.errors import UserFacingError
+from crl_harness.cli import main
+from crl_harness.eval import expand_env_ids, parse_seeds, summarize, wilson_interval
+from crl_harness.results import read_attempts, tally
+from crl_harness.rollout import Trajectory
+
+
+def test_wilson_interval_brackets_the_rate():
+    low, high = wilson_interval(7, 20)
+    assert low < 7 / 20 < high
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_summaries_count_steps_of_wins_invalid_rates_and_errors():
+    trajs = [Trajectory("E", 0, won=True, steps=4, invalid_actions=1),
+             Trajectory("E", 1, won=True, steps=6, format_failures=2, invalid_actions=2),
+             Trajectory("E", 2, won=False, steps=10),
+             Trajectory("E", 3, error="RuntimeError: boom")]
+    [s] = summarize(trajs)
+    assert (s.episodes, s.successes, s.errors) == (3, 2, 1)
+    assert s.success_rate == pytest.approx(2 / 3) and s.mean_steps_success == 5
+    assert s.invalid_action_rate == pytest.approx(3 / 20)
+    assert s.format_failure_rate == pytest.approx(2 / 20)
+
+
+def test_env_and_seed_arguments():
+    assert expand_env_ids("mix3") == ["CRL/MiniHackRoom-v0", "CRL/WebShop-v0", "CRL/ALFWorld-v0"]
+    assert "CRL/SWEBenchToy-v0" in expand_env_ids("all")
+    with pytest.raises(UserFacingError, match="neither an env id"):
+        expand_env_ids("CRL/Nope-v0")
+    assert parse_seeds(None, 3) == [0, 1, 2] and parse_seeds("7", None) == list(range(7, 17))
+    with pytest.raises(UserFacingError, match="disagrees"):
+        parse_seeds("0-4", 3)
+    with pytest.raises(UserFacingError, match="Bad --seeds"):
+        parse_seeds("a-b", None)
+
+
+def test_crl_eval_scripted_writes_table_report_results_and_chart(tmp_path, capsys):
+    out = tmp_path / "ev"
+    code = main(["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--episodes", "4",
+                 "--seeds", "10", "--workers", "2", "--out", str(out), "--no-progress"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "CRL/Sokoban-v0" in printed and "100.0%" in printed
+    report = json.loads((out / "report.json").read_text())
+    [env] = report["envs"]
+    assert env["episodes"] == 4 and env["successes"] == 4 and env["invalid_action_rate"] == 0
+    assert report["meta"]["seeds"] == [10, 11, 12, 13]
+    attempts = read_attempts(out / "results.jsonl")
+    assert sorted(a.seed for a in attempts) == [10, 11, 12, 13] and all(a.won for a in attempts)
+    assert set(tally(attempts)) == set(report["tasks"]["CRL/Sokoban-v0"])
+    assert (out / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The same folder again is refused rather than mixing two runs' attempts.
+    assert main(["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--episodes", "1",
+                 "--out", str(out), "--no-progress"]) == 2
+
+
+def test_crl_eval_model_agent_on_the_tiny_model(tmp_path):
+    pytest.importorskip("transformers")
+    from crl_harness.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "ev"
+    assert main(["eval", "--agent", f"hf:{model}", "--envs", "CRL/Sokoban-v0", "--episodes", "2",
+                 "--max-new-tokens", "4", "--history", "1", "--out", str(out), "--no-progress"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    [env] = report["envs"]
+    assert env["episodes"] == 2 and env["format_failure_rate"] == 1.0
+    assert 0 < env["generated_tokens"] <= 2 * 30 * 4
+    assert len(read_attempts(out / "results.jsonl")) == 2
+
+
+def test_crl_eval_missing_model_is_one_clear_error(tmp_path, capsys):
+    code = main(["eval", "--agent", f"hf:{tmp_path / 'none'}", "--envs", "CRL/Sokoban-v0",
+                 "--episodes", "1", "--out", str(tmp_path / "ev"), "--no-progress"])
+    assert code == 2 and "Could not load" in capsys.readouterr().err

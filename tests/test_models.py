@@ -1,0 +1,231 @@
+"""Model backends: exact sampled-token log-probs, stop/pad handling, loading, the HTTP client."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from crl_harness.models import Generation, HFBackend, ModelNotFoundError, load_backend  # noqa: E402
+from crl_harness.models.openai import OpenAIBackend, OpenAIServerError  # noqa: E402
+from crl_harness.models.tiny import build_tiny_model  # noqa: E402
+
+torch.set_num_threads(1)
+
+CHATS = [
+    [{"role": "user", "content": "go"}],
+    [{"role": "system", "content": "You play a grid game."},
+     {"role": "user", "content": "A wall is to the north. The goal is east. What now?"}],
+    [{"role": "user", "content": "pick up the key and open the door to the east please"}],
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_dir):
+    return HFBackend(tiny_dir)
+
+
+def recomputed_logprobs(backend: HFBackend, g: Generation, temperature: float) -> list[float]:
+    """Teacher-forced log-probs of the generated tokens, one unpadded sequence at a time."""
+    ids = torch.tensor([g.prompt_token_ids + g.token_ids])
+    with torch.no_grad():
+        logits = backend.model(input_ids=ids).logits[0, len(g.prompt_token_ids) - 1:-1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    logps = torch.log_softmax(logits, dim=-1)
+    return logps.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0].tolist()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.3])
+def test_logprobs_are_those_of_the_sampling_distribution(backend, temperature):
+    generations = backend.generate(CHATS, max_new_tokens=12, temperature=temperature, seed=1)
+    assert len(generations) == len(CHATS)
+    for g in generations:
+        assert len(g.token_ids) == len(g.logprobs) >= 1
+        assert g.token_ids  # kept as sampled, never re-tokenised from text
+        assert g.prompt_token_ids[-3:] == backend.tokenizer("<|im_start|>assistant\n",
+                                                            add_special_tokens=False)["input_ids"][-3:]
+        assert g.logprobs == pytest.approx(recomputed_logprobs(backend, g, temperature), abs=2e-4)
+
+
+def test_top_p_logprobs_are_renormalised_over_the_nucleus(backend):
+    [g] = backend.generate(CHATS[:1], max_new_tokens=8, temperature=1.0, top_p=0.5, seed=3)
+    full = recomputed_logprobs(backend, g, 1.0)
+    # Renormalising over a nucleus of half the mass raises every sampled token's log-prob.
+    assert all(lp >= f - 1e-5 for lp, f in zip(g.logprobs, full, strict=True))
+    assert any(lp > f + 1e-3 for lp, f in zip(g.logprobs, full, strict=True))
+
+
+def test_same_seed_same_tokens_and_batch_equals_single(backend):
+    a = backend.generate(CHATS, max_new_tokens=10, temperature=1.0, seed=7)
+    b = backend.generate(CHATS, max_new_tokens=10, temperature=1.0, seed=7)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    greedy_batch = backend.generate(CHATS, max_new_tokens=10, temperature=0.0)
+    greedy_single = [backend.generate([c], max_new_tokens=10, temperature=0.0)[0] for c in CHATS]
+    assert [g.token_ids for g in greedy_batch] == [g.token_ids for g in greedy_single]
+
+
+def test_stops_with_pad_equal_to_eos_and_truncation(tiny_dir):
+    """Rows stop at different steps while the pad id is itself a stop id; others hit the cap."""
+    backend = HFBackend(tiny_dir, max_batch_size=2)
+    vocab = backend.model.config.vocab_size
+    stop = set(range(0, vocab, 9))  # about one token in nine ends an answer
+    backend.stop_ids = stop
+    backend.pad_id = min(stop)  # pad == a stop token, as with SmolLM2 (pad == EOS == 2)
+    generations = backend.generate(CHATS * 4, max_new_tokens=6, temperature=1.0, seed=0)
+    reasons = {g.finish_reason for g in generations}
+    assert reasons == {"stop", "length"}  # both kinds occur in one batch
+    for g in generations:
+        assert len(g.token_ids) == len(g.logprobs)
+        body = g.token_ids[:-1] if g.finish_reason == "stop" else g.token_ids
+        assert not set(body) & stop  # nothing generated after the stop token
+        if g.finish_reason == "stop":
+            assert g.token_ids[-1] in stop  # the stop token is kept (it is trained on)
+        else:
+            assert len(g.token_ids) == 6
+        assert g.logprobs == pytest.approx(recomputed_logprobs(backend, g, 1.0), abs=2e-4)
+
+
+def test_load_weights_changes_outputs_and_rejects_bad_keys(tiny_dir):
+    backend = HFBackend(tiny_dir)
+    before = backend.generate(CHATS, max_new_tokens=8, temperature=0.0)
+    state = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    for key in state:
+        if key.endswith("proj.weight"):
+            state[key] = torch.randn(state[key].shape, generator=generator)
+    backend.load_weights(state)
+    after = backend.generate(CHATS, max_new_tokens=8, temperature=0.0)
+    assert [g.token_ids for g in before] != [g.token_ids for g in after]
+    with pytest.raises(RuntimeError):
+        backend.load_weights({"not.a.weight": torch.zeros(1)})
+
+
+def test_context_overflow_and_missing_models_raise_one_clear_error(tiny_dir, tmp_path):
+    backend = HFBackend(tiny_dir, max_context=16)
+    with pytest.raises(ValueError, match="context"):
+        backend.generate(CHATS[1:2], max_new_tokens=8, temperature=0.0)
+    with pytest.raises(ModelNotFoundError, match="local model directory"):
+        HFBackend(tmp_path / "nothing-here")
+    with pytest.raises(ModelNotFoundError, match="known"):
+        _resolve("no-such-model")
+    with pytest.raises(ValueError, match="hf:NAME_OR_PATH"):
+        load_backend("smollm2-135m")
+
+
+def _resolve(name):
+    from crl_harness.models.registry import resolve_model
+
+    return resolve_model(name)
+
+
+def test_tiny_model_builds_once(tiny_dir):
+    stamp = (tiny_dir / "config.json").stat().st_mtime_ns
+    assert build_tiny_model(tiny_dir) == tiny_dir
+    assert (tiny_dir / "config.json").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.slow
+def test_smollm2_short_name_answers_and_stops_on_eos():
+    try:
+        backend = load_backend("hf:smollm2-135m")
+    except ModelNotFoundError as err:
+        pytest.skip(str(err))
+    assert backend.pad_id in backend.stop_ids  # SmolLM2: pad == EOS
+    [g] = backend.generate([[{"role": "user", "content": "Say hello."}]], max_new_tokens=48,
+                           temperature=0.0)
+    assert g.finish_reason == "stop" and g.token_ids[-1] == backend.tokenizer.eos_token_id
+    assert g.text.strip() and "<|im_end|>" not in g.text
+    assert g.logprobs == pytest.approx(recomputed_logprobs(backend, g, 0.0), abs=1e-3)
+
+
+# ----------------------------------------------------------------- OpenAI-compatible client
+class _ChatServer(ThreadingHTTPServer):
+    """A real OpenAI-compatible HTTP server in front of an HFBackend (vLLM's response shape)."""
+
+    def __init__(self, backend: HFBackend, fail_first: int = 0):
+        super().__init__(("127.0.0.1", 0), _ChatHandler)
+        self.backend, self.fail_left, self.requests = backend, fail_first, []
+
+
+class _ChatHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def do_POST(self):
+        server: _ChatServer = self.server  # type: ignore[assignment]
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        server.requests.append(body)
+        if self.path != "/v1/chat/completions":
+            return self._send(404, {"error": "not found"})
+        if server.fail_left > 0:
+            server.fail_left -= 1
+            return self._send(503, {"error": "warming up"})
+        [g] = server.backend.generate([body["messages"]], max_new_tokens=body["max_tokens"],
+                                      temperature=body["temperature"], top_p=body["top_p"],
+                                      seed=body.get("seed"))
+        as_ids = body.get("return_tokens_as_token_ids")
+        content = [{"token": f"token_id:{t}" if as_ids else server.backend.tokenizer.decode([t]),
+                    "logprob": lp} for t, lp in zip(g.token_ids, g.logprobs, strict=True)]
+        response = {"choices": [{"index": 0, "message": {"role": "assistant", "content": g.text},
+                                 "logprobs": {"content": content},
+                                 "finish_reason": g.finish_reason}],
+                    "usage": {"completion_tokens": len(g.token_ids)}}
+        if body.get("return_token_ids"):
+            response["prompt_token_ids"] = g.prompt_token_ids
+        self._send(200, response)
+
+    def _send(self, code, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def chat_server(backend):
+    server = _ChatServer(backend, fail_first=2)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_openai_client_against_a_local_server(backend, chat_server):
+    url = f"http://127.0.0.1:{chat_server.server_address[1]}/v1"
+    client = load_backend(f"openai:{url}#tiny", token_ids=True, backoff=0.01)
+    remote = client.generate(CHATS, max_new_tokens=8, temperature=0.0, seed=5)
+    local = backend.generate(CHATS, max_new_tokens=8, temperature=0.0)
+    assert [g.token_ids for g in remote] == [g.token_ids for g in local]
+    assert [g.prompt_token_ids for g in remote] == [g.prompt_token_ids for g in local]
+    for r, g in zip(remote, local, strict=True):
+        assert r.text == g.text and r.finish_reason == g.finish_reason
+        assert r.logprobs == pytest.approx(g.logprobs, abs=1e-5)
+    assert len(chat_server.requests) == len(CHATS) + 2  # the two 503s were retried
+    assert all(req["logprobs"] is True for req in chat_server.requests)
+
+
+def test_openai_client_errors_are_clear(chat_server):
+    port = chat_server.server_address[1]
+    wrong_path = OpenAIBackend(f"http://127.0.0.1:{port}/nope", "tiny", backoff=0.01)
+    chat_server.fail_left = 0
+    with pytest.raises(OpenAIServerError, match="404"):
+        wrong_path.generate(CHATS[:1], max_new_tokens=4, temperature=0.0)
+    chat_server.server_close()  # nothing listens any more
+    closed = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "tiny", max_retries=1, backoff=0.01,
+                           timeout=2)
+    with pytest.raises(OpenAIServerError, match="is the server running"):
+        closed.generate(CHATS[:1], max_new_tokens=4, temperature=0.0)
