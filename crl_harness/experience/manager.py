@@ -619,7 +619,9 @@ class ExperienceManager:
                     if self._closed and not self._dirty:
                         return
                     now = time.monotonic()
-                    due = {env for env in self._dirty if self._flushing or self._closed
+                    # A flush re-indexes once its jobs are all applied, not after each of them.
+                    flushing = self._flushing and not self._pending
+                    due = {env for env in self._dirty if flushing or self._closed
                            or now - self._rebuilt_at.get(env, -1e9) >= self.config.reindex_interval_s}
                     if due:
                         break
