@@ -3,9 +3,10 @@
 Holds:
 - ``parse_observation``: the text map, hero position, message and inventory of an observation;
 - ``MiniHackOracle``: a planner over the parsed map. It walks a cheapest path (Dijkstra, with
-  unexplored cells assumed walkable) to the staircase down when it has seen it, else to the
-  nearest unexplored cell; KeyRoom: to the key, ``pickup``, next to the door, ``apply key``,
-  through the door; River: a search over boulder pushes that fills a crossing.
+  unexplored cells assumed walkable) to the staircase down when it has seen it, else to a near
+  unexplored cell that borders much unknown; it fights a monster next to it; KeyRoom: to the
+  key, ``pickup``, next to the door, ``apply key``, through the door; River: branch and bound
+  over chains of boulder pushes that fill a crossing.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ _MOVES: dict[str, Cell] = {
 _DOORS = ("+", OPEN_DOOR)
 _WALKABLE = {".": 1.0, ">": 1.0, "<": 1.0, "(": 1.0, OPEN_DOOR: 1.0, UNEXPLORED: 1.5, "^": 25.0}
 _INFORMATION_WEIGHT = 6.0  # exploring: one more unknown neighbour is worth 6 steps of detour
-_MONSTER_COST = 6.0
+_MONSTER_COST = 6.0  # walking into a monster attacks it: fine when going around is longer
 _RIVER_WIDTH = 3  # MiniHack-River-v0: three columns of water
-_RIVER_MAX_PLAN = 80  # River: longer push plans are not searched  # walking into a monster attacks it: fine when going around is longer
+_RIVER_MAX_PLAN = 80  # River: longer push plans are not searched
 _MAP_HEADER = re.compile(r"Map \(top-left cell is x=(\d+), y=(\d+);")
 _HERO = re.compile(r"You \(@\) are at x=(\d+), y=(\d+)\.")
 
@@ -248,7 +249,6 @@ class MiniHackOracle:
             if step:
                 return step
         return None
-
 
     def _river(self, view: ParsedView) -> str | None:
         """Cross once a crossing is filled; else follow the boulder plan, replanning on surprises."""
