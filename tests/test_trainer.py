@@ -1,0 +1,242 @@
+"""The trainer on real envs with small real models: the three arms, weight changes, the bank,
+metrics and plot, kill -9 then --resume, and the Ray backend.
+
+The models are the tiny random Llama of ``crl_harness.models.tiny``, first taught (a few seconds
+of supervised steps here) to answer in the right format most of the time: the actor writes
+``<think>..</think><answer>MOVE</answer>``, the extractor an ``add`` operation. Their sampled
+replies still break the format now and then, so rewards vary inside a group and GRPO has
+something to learn from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from crl_envs.data import cache_dir
+from crl_harness.config import load_config
+from crl_harness.experience import GenerationReward
+from crl_harness.models.base import encode_chat
+from crl_harness.models.tiny import build_tiny_model
+from crl_harness.trainer import ResumeError, Trainer
+from crl_harness.training.metrics import read_metrics
+
+torch.set_num_threads(1)
+TUNING_VERSION = 1  # bump when _format_tuned changes
+
+ACTOR_TARGETS = [f"<think>go</think><answer>{m}</answer>" for m in ("up", "down", "left", "right")]
+EXTRACTOR_TARGETS = [
+    '<answer>[{"op":"add","title":"Box","content":"Push"}]</answer>',
+]
+
+
+def _real_prompts() -> list[list[dict]]:
+    """Prompts as the trainer builds them: the actor's on Sokoban, the extractor's distillation."""
+    import gymnasium as gym
+
+    from crl_harness.experience.prompts import load_prompt
+    from crl_harness.prompting import system_prompt
+
+    env = gym.make("CRL/Sokoban-v0")
+    prompts = []
+    for seed in range(4):
+        observation, info = env.reset(seed=seed)
+        prompts.append([{"role": "system", "content": system_prompt(info["instructions"])},
+                        {"role": "user", "content": observation}])
+        prompts.append([{"role": "user", "content": load_prompt("experience_distill").substitute(
+            env_id="CRL/Sokoban-v0", task=info["task"], outcome="FAILURE", score="0",
+            retrieved="(none)", max_ops=3, transcript=observation * 2)}])
+    env.close()
+    return prompts
+
+
+def _format_tuned(directory: Path, targets: list[str], steps: int = 80) -> Path:
+    """The tiny model after a few supervised steps on ``targets`` after real prompts.
+
+    Built once per machine under the user cache (a minute on a busy 2-core machine)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    key = hashlib.sha256(json.dumps([targets, steps, TUNING_VERSION]).encode()).hexdigest()[:12]
+    tuned = cache_dir() / "test-models" / f"{directory.name}-{key}"
+    if (tuned / "config.json").exists():
+        return tuned
+    build_tiny_model(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    prompts = _real_prompts()
+    for _ in range(steps):
+        prompt = prompts[int(torch.randint(len(prompts), (1,), generator=generator))]
+        target = targets[int(torch.randint(len(targets), (1,), generator=generator))]
+        prefix = encode_chat(tokenizer, prompt)
+        answer = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = torch.tensor([prefix + answer])
+        labels = ids.clone()
+        labels[0, : len(prefix)] = -100
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    staging = directory.with_name(directory.name + "-tuned")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    tuned.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(staging, tuned.with_name(tuned.name + ".tmp"), dirs_exist_ok=True)
+    os.replace(tuned.with_name(tuned.name + ".tmp"), tuned)
+    return tuned
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return (_format_tuned(root / "actor", ACTOR_TARGETS, steps=200),
+            _format_tuned(root / "extractor", EXTRACTOR_TARGETS, steps=200))
+
+
+def _overrides(models, run_dir: Path, arm: str = "co-evolve", steps: int = 2) -> list[str]:
+    actor, extractor = models
+    return [
+        f"arm={arm}", f"name=test-{arm}", f"actor.model=hf:{actor}",
+        f"extractor.model=hf:{extractor}",
+        "tasks.envs.0.id=CRL/Sokoban-v0", "tasks.envs.0.kwargs={max_episode_steps: 3}",
+        "tasks.groups_per_step=2", "tasks.group_size=4", "tasks.guided_per_group=2",
+        "actor.warmup_steps=0", "actor.max_new_tokens=32", "actor.temperature=0.7",
+        "actor.lr=1e-3", "extractor.lr=1e-3", "extractor.max_new_tokens=64",
+        "extractor.temperature=0.5", "extractor.train_after=1", "experience.merge_every=2",
+        f"run.steps={steps}", "run.checkpoint_every=1", f"run.output_dir={run_dir}",
+        "run.tensorboard=false", "run.torch_threads=1",
+    ]
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+def test_co_evolve_trains_both_models_fills_the_bank_and_writes_metrics(models, tmp_path):
+    cfg = load_config(None, _overrides(models, tmp_path))
+    trainer = Trainer(cfg)
+    extractor_before = {k: v.clone() for k, v in trainer.extractor.base_model.state_dict().items()}
+    trainer.train()
+
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    last = records[-1]
+    for key in ("success/all", "success/guided", "success/free", "success/Sokoban", "reward/all",
+                "loss/actor", "clip/actor", "bank/size", "extractor/format_failures",
+                "time/rollout", "time/actor_update", "time/extractor_update"):
+        assert key in last, key
+    assert last["bank/size"] > 0
+    assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
+
+    actor_after = _weights(tmp_path / "checkpoints" / "step-000002" / "actor_hf")
+    actor_before = _weights(models[0])
+    assert any(not torch.equal(actor_before[k], actor_after[k]) for k in actor_before)
+    extractor_after = torch.load(tmp_path / "checkpoints" / "step-000002" / "extractor.pt",
+                                 weights_only=False)["model"]
+    if any(r.get("extractor/updates", 0) for r in records):
+        assert any(not torch.equal(extractor_before[k], extractor_after[k])
+                   for k in extractor_before)
+
+
+def test_cispo_update_changes_the_extractor(models, tmp_path):
+    """The extractor's update on real generations with mixed credit moves its weights."""
+    cfg = load_config(None, _overrides(models, tmp_path))
+    trainer = Trainer(cfg)
+    try:
+        backend = trainer.experience.backend
+        generations = backend.generate([[{"role": "user", "content": "Lessons, please."}]] * 4,
+                                       max_new_tokens=24, temperature=1.0, seed=0)
+        buffer = [GenerationReward(f"g{i}", "Lessons, please.", g, reward, uses, "distill")
+                  for i, (g, reward, uses) in enumerate(zip(generations, [1.0, -1.0, 0.5, -1.0],
+                                                            [2, 1, 1, 3], strict=True))]
+        before = {k: v.clone() for k, v in trainer.extractor.base_model.state_dict().items()}
+        stats = trainer._update_extractor(buffer)
+        assert stats.rows == 4 and stats.tokens > 0 and stats.loss != 0.0
+        after = trainer.extractor.base_model.state_dict()
+        assert any(not torch.equal(before[k], after[k]) for k in before)
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("arm", ["static", "none"])
+def test_baseline_arms_from_the_same_config(models, tmp_path, arm):
+    cfg = load_config(None, _overrides(models, tmp_path, arm=arm, steps=1))
+    trainer = Trainer(cfg)
+    assert trainer.extractor is None
+    metrics = trainer.train()
+    checkpoint = tmp_path / "checkpoints" / "step-000001"
+    assert not (checkpoint / "extractor.pt").exists()
+    if arm == "none":
+        assert trainer.experience is None and not (tmp_path / "bank.sqlite").exists()
+        assert "success/guided" not in metrics and metrics["rollout/episodes"] == 8
+    else:  # the frozen extractor still writes the bank
+        assert metrics["extractor/distillations"] >= 1
+        assert "success/guided" in metrics
+
+
+def test_resume_without_checkpoint_is_one_clear_error(models, tmp_path):
+    cfg = load_config(None, _overrides(models, tmp_path))
+    with pytest.raises(ResumeError, match="no checkpoint"):
+        Trainer(cfg, resume=True)
+
+
+def test_kill_9_then_resume_continues_from_the_last_checkpoint(models, tmp_path):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "tiny.yaml"
+    config.write_text("name: tiny\n")
+    overrides = _overrides(models, run_dir, steps=5)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "crl_harness.cli", "train", str(config), *overrides,
+               "--no-progress"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    checkpoints = run_dir / "checkpoints"
+    deadline = time.monotonic() + 240
+    while not (checkpoints / "step-000002").exists():
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "no checkpoint at step 2 in time"
+        time.sleep(0.2)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+    latest = max(p for p in checkpoints.iterdir() if p.name.startswith("step-"))
+    saved = json.loads((latest / "state.json").read_text())
+    assert 2 <= saved["step"] < 5
+    cfg = load_config(config, overrides)
+    trainer = Trainer(cfg, resume=True)
+    assert trainer.step == saved["step"]
+    assert len(trainer.experience.bank) == saved["bank_entries"]
+    trainer.train()
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert json.loads((checkpoints / "step-000005" / "state.json").read_text())["step"] == 5
+
+
+@pytest.mark.slow
+def test_ray_backend_same_semantics(models, tmp_path):
+    pytest.importorskip("ray")
+    from crl_harness.training.ray_backend import RayTrainer
+
+    cfg = load_config(None, _overrides(models, tmp_path, steps=2) + ["run.backend=ray"])
+    trainer = RayTrainer(cfg)
+    metrics = trainer.train()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert metrics["rollout/episodes"] == 8 and metrics["bank/size"] > 0
+    assert "success/guided" in metrics and "loss/actor" in metrics
+    actor_after = _weights(tmp_path / "checkpoints" / "step-000002" / "actor_hf")
+    actor_before = _weights(models[0])
+    assert any(not torch.equal(actor_before[k], actor_after[k]) for k in actor_before)
