@@ -31,7 +31,7 @@ _CORPUS = [
 ]
 
 
-def build_tiny_model(directory: str | os.PathLike, *, vocab_size: int = 384, hidden_size: int = 64,
+def build_tiny_model(directory: str | os.PathLike, *, vocab_size: int = 384, hidden_size: int = 128,
                      num_layers: int = 2, seed: int = 0) -> Path:
     """Write (once) a tiny random ``LlamaForCausalLM`` and its tokenizer to ``directory``.
 
@@ -64,7 +64,9 @@ def build_tiny_model(directory: str | os.PathLike, *, vocab_size: int = 384, hid
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=num_layers,
+        # head_dim 64: vLLM's CPU attention kernels take only the usual head sizes.
+        num_attention_heads=hidden_size // 64, num_key_value_heads=1,
         max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,

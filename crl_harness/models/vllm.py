@@ -99,7 +99,11 @@ class VLLMBackend:
         return generations
 
     def load_weights(self, state_dict: dict[str, Any]) -> None:
-        """Load ``state_dict`` (transformers names, e.g. the trainer's) into the engine."""
+        """Load ``state_dict`` (transformers names, e.g. the trainer's) into the engine.
+
+        On CPU this needs a bfloat16 engine (the default): with float32, vLLM repacks the linear
+        weights for its CPU kernels and they can no longer be reloaded.
+        """
         weights = [(name, tensor.detach().to("cpu")) for name, tensor in state_dict.items()]
         self.llm.apply_model(lambda model: model.load_weights(weights=weights))
         self.llm.reset_prefix_cache()

