@@ -60,20 +60,21 @@ def _real_prompts() -> list[list[dict]]:
     return prompts
 
 
-def _format_tuned(directory: Path, targets: list[str], steps: int = 80) -> Path:
+def _format_tuned(directory: Path, targets: list[str], steps: int = 80, lr: float = 3e-3,
+                  hidden_size: int = 64) -> Path:
     """The tiny model after a few supervised steps on ``targets`` after real prompts.
 
     Built once per machine under the user cache (a minute on a busy 2-core machine)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    key = hashlib.sha256(json.dumps([targets, steps, TUNING_VERSION]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([targets, steps, lr, hidden_size, TUNING_VERSION]).encode()).hexdigest()[:12]
     tuned = cache_dir() / "test-models" / f"{directory.name}-{key}"
     if (tuned / "config.json").exists():
         return tuned
-    build_tiny_model(directory)
+    build_tiny_model(directory, hidden_size=hidden_size)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = AutoModelForCausalLM.from_pretrained(directory)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(0)
     prompts = _real_prompts()
     for _ in range(steps):
@@ -101,7 +102,8 @@ def _format_tuned(directory: Path, targets: list[str], steps: int = 80) -> Path:
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     return (_format_tuned(root / "actor", ACTOR_TARGETS, steps=200),
-            _format_tuned(root / "extractor", EXTRACTOR_TARGETS, steps=200))
+            _format_tuned(root / "extractor", EXTRACTOR_TARGETS, steps=300,
+                          hidden_size=128))
 
 
 def _overrides(models, run_dir: Path, arm: str = "co-evolve", steps: int = 2) -> list[str]:
