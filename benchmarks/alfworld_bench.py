@@ -6,8 +6,9 @@ Measures, in one run and on the same games:
   same 3,553 train games (laid out as upstream expects: a ``traj_data.json`` beside each game,
   which the project's archives do not ship, so the benchmark writes minimal ones in a temp dir);
 - reset and step times (median, p90) of our env and of upstream's ``AlfredTWEnv.init_env``
-  TextWorld gym env, game by game: upstream resets to its next game, ours resets to that same
-  game; both then play the game's walkthrough (steps) and one command that is not admissible;
+  TextWorld gym env on the same games: upstream resets to its next game, ours to that same game
+  (which one goes first alternates); both then play one command that is not admissible and the
+  game's walkthrough; then ours resets to the same game again (the next rollout of a group);
 - RSS after 10 and after ``--resets`` resets of our env (a different game each reset), and the
   files left in the temp dir.
 
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import psutil
 
 import crl_envs  # noqa: F401  (registers the ids)
@@ -110,24 +112,29 @@ def bench_reset_step(n_games: int) -> None:
     from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
 
     games = list_games("eval_out_of_distribution")
-    by_id = {game.game_id: game for game in games}
     ours = gym.make(ENV_ID, split="eval_out_of_distribution")
     resets, repeat_resets, steps, invalid = [], [], [], []
     up_resets, up_steps, up_invalid = [], [], []
     with tempfile.TemporaryDirectory() as workdir:
         tree = upstream_layout(games, Path(workdir))
-        upstream = AlfredTWEnv(upstream_config(tree, "valid_unseen"),
-                               train_eval="eval_out_of_distribution").init_env(batch_size=1)
+        alfred = AlfredTWEnv(upstream_config(tree, "valid_unseen"), train_eval="eval_out_of_distribution")
+        upstream = alfred.init_env(batch_size=1)
+        # The order upstream plays its games: textworld's batch env shuffles them with seed 1234.
+        order = list(alfred.game_files)
+        np.random.RandomState(1234).shuffle(order)
         ours.reset(options={"task_id": 0})  # start both engines before timing
-        for _ in range(n_games):
-            start = time.perf_counter()
-            _, up_info = upstream.reset()
-            up_resets.append(time.perf_counter() - start)
-            game_id = Path(up_info["extra.gamefile"][0]).parent.relative_to(tree).as_posix()
-            assert game_id in by_id
-            start = time.perf_counter()
-            ours.reset(options={"task_id": game_id})
-            resets.append(time.perf_counter() - start)
+        for i in range(n_games):
+            game_id = Path(order[i]).parent.relative_to(tree).as_posix()
+            for engine in ("upstream", "ours") if i % 2 == 0 else ("ours", "upstream"):
+                # alternate which one resets first, so neither always finds the file cached
+                start = time.perf_counter()
+                if engine == "ours":
+                    ours.reset(options={"task_id": game_id})
+                    resets.append(time.perf_counter() - start)
+                else:
+                    _, up_info = upstream.reset()
+                    up_resets.append(time.perf_counter() - start)
+                    assert up_info["extra.gamefile"][0] == order[i], "upstream's order changed"
             start = time.perf_counter()
             upstream.step(["fly to the moon"])
             up_invalid.append(time.perf_counter() - start)

@@ -43,7 +43,9 @@ __all__ = ["SPLITS", "TASK_TYPES", "Game", "list_games", "games_root", "parse_ta
 
 # split -> (upstream folder, one game per task folder?). "train" is the paper's training set:
 # one game per ALFRED task folder (its first solvable trial in name order), 1,465 games on the
-# json_2.1.1 release; "train_all" is upstream's full training set (every trial, 3,553 games).
+# json_2.1.1 release (the paper says 1,466; the release has 1,465 task folders with a solvable
+# game, so one instance of theirs cannot be identified); "train_all" is upstream's full training
+# set (every solvable trial, 3,553 games).
 SPLITS: dict[str, tuple[str, bool]] = {
     "train": ("train", True),
     "train_all": ("train", False),
@@ -98,9 +100,9 @@ class Game:
 
     @property
     def task_type(self) -> str:
-        """The short task type (a key of ``TASK_TYPES``)."""
+        """The short task type (a key of ``TASK_TYPES``; an unknown folder prefix as it is)."""
         prefix = self.task_folder.split("-", 1)[0]
-        return next(short for short, upstream in TASK_TYPES.items() if upstream == prefix)
+        return next((short for short, upstream in TASK_TYPES.items() if upstream == prefix), prefix)
 
 
 def parse_task_types(task_types: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:

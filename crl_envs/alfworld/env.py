@@ -30,6 +30,8 @@ game is parsed, when a reset needs it. A reset that picks the game already loade
 from __future__ import annotations
 
 import importlib.util
+import numbers
+import os
 import sys
 import threading
 from contextlib import contextmanager
@@ -102,7 +104,7 @@ class ALFWorldEnv(TextEnv):
         self,
         split: str = "train",
         task_types: str | list[str] | tuple[str, ...] | None = None,
-        data_dir: str | None = None,
+        data_dir: str | os.PathLike | None = None,
         step_budget: int | None = None,
         render_mode: str | None = None,
         reward_mode: str = "binary",
@@ -144,9 +146,10 @@ class ALFWorldEnv(TextEnv):
     def _pick(self, games: list[Game], task_id: Any) -> Game:
         if task_id is None:
             return games[int(self.np_random.integers(len(games)))]
-        if isinstance(task_id, bool) or not isinstance(task_id, (int, str)):
+        if isinstance(task_id, bool) or not isinstance(task_id, (numbers.Integral, str)):
             raise TypeError(f"options['task_id'] is an int index or a game id str, got {task_id!r}.")
-        if isinstance(task_id, int):
+        if isinstance(task_id, numbers.Integral):
+            task_id = int(task_id)
             if not 0 <= task_id < len(games):
                 raise ValueError(f"options['task_id']={task_id} is out of range: this split has "
                                  f"{len(games)} games (0 to {len(games) - 1}).")
