@@ -184,8 +184,14 @@ def test_flush_timeout_and_close_without_flush(bank):
         manager.submit(request(f"task {i}"))
     assert manager.flush(timeout=0.2) is False
     assert manager.stats()["pending"] == 3
+    closer = threading.Thread(target=manager.close, kwargs={"flush": False})
+    closer.start()  # drops the two queued jobs, then waits for the running one
+    deadline = time.monotonic() + 10
+    while manager.stats()["pending"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     release.set()
-    manager.close(flush=False)  # the running job finishes, the queued ones are dropped
+    closer.join(timeout=10)
+    assert not closer.is_alive()
     assert manager.stats()["pending"] == 0 and len(bank) == 1
     with pytest.raises(RuntimeError, match="closed"):
         manager.submit(request("late"))
