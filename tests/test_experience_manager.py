@@ -206,7 +206,7 @@ def _content(title: str) -> str:
 def test_64_readers_8_writers(tmp_path):
     """Counts add up, nothing is torn or lost, nobody deadlocks."""
     envs = ["CRL/MiniHackRoom-v0", "CRL/Sokoban-v0"]
-    bank = ExperienceBank(tmp_path / "bank.sqlite", capacity=120)
+    bank = ExperienceBank(tmp_path / "bank.sqlite", capacity=60)
     manager = ExperienceManager(bank)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -262,7 +262,7 @@ def test_64_readers_8_writers(tmp_path):
     in_memory = {e.id: e for e in bank.entries()}
     manager.close()
     bank.close()
-    with ExperienceBank(tmp_path / "bank.sqlite", capacity=120) as reopened:  # nothing lost
+    with ExperienceBank(tmp_path / "bank.sqlite", capacity=60) as reopened:  # nothing lost
         on_disk = {e.id: (e.title, e.content) for e in reopened.entries()}
     assert on_disk == {i: (e.title, e.content) for i, e in in_memory.items()}
     assert all(content == _content(title) for title, content in on_disk.values())
