@@ -1,11 +1,12 @@
 """The trainer on real envs with small real models: the three arms, weight changes, the bank,
 metrics and plot, kill -9 then --resume, and the Ray backend.
 
-The models are the tiny random Llama of ``crl_harness.models.tiny``, first taught (a few seconds
-of supervised steps here) to answer in the right format most of the time: the actor writes
-``<think>..</think><answer>MOVE</answer>``, the extractor an ``add`` operation. Their sampled
-replies still break the format now and then, so rewards vary inside a group and GRPO has
-something to learn from.
+The models are the tiny random Llama of ``crl_harness.models.tiny``. The actor is first taught
+(supervised steps, cached per machine) to answer ``<think>..</think><answer>MOVE</answer>`` most
+of the time; its sampled replies still break the format now and then, so rewards vary inside a
+group and GRPO has something to learn from. The extractor stays random: its answers fail to
+parse (counted as format failures, rewarded -1), so the bank is seeded before the run and the
+CISPO update is checked on generations with mixed rewards.
 """
 
 from __future__ import annotations
@@ -32,12 +33,9 @@ from crl_harness.trainer import ResumeError, Trainer
 from crl_harness.training.metrics import read_metrics
 
 torch.set_num_threads(1)
-TUNING_VERSION = 1  # bump when _format_tuned changes
+TUNING_VERSION = 3  # bump when _format_tuned changes
 
 ACTOR_TARGETS = [f"<think>go</think><answer>{m}</answer>" for m in ("up", "down", "left", "right")]
-EXTRACTOR_TARGETS = [
-    '<answer>[{"op":"add","title":"Box","content":"Push"}]</answer>',
-]
 
 
 def _real_prompts() -> list[list[dict]]:
@@ -60,18 +58,17 @@ def _real_prompts() -> list[list[dict]]:
     return prompts
 
 
-def _format_tuned(directory: Path, targets: list[str], steps: int = 80, lr: float = 3e-3,
-                  hidden_size: int = 64) -> Path:
+def _format_tuned(directory: Path, targets: list[str], steps: int = 80, lr: float = 3e-3) -> Path:
     """The tiny model after a few supervised steps on ``targets`` after real prompts.
 
     Built once per machine under the user cache (a minute on a busy 2-core machine)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    key = hashlib.sha256(json.dumps([targets, steps, lr, hidden_size, TUNING_VERSION]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([targets, steps, lr, TUNING_VERSION]).encode()).hexdigest()[:12]
     tuned = cache_dir() / "test-models" / f"{directory.name}-{key}"
     if (tuned / "config.json").exists():
         return tuned
-    build_tiny_model(directory, hidden_size=hidden_size)
+    build_tiny_model(directory, hidden_size=64)  # small enough to learn the format in seconds
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = AutoModelForCausalLM.from_pretrained(directory)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -101,9 +98,20 @@ def _format_tuned(directory: Path, targets: list[str], steps: int = 80, lr: floa
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return (_format_tuned(root / "actor", ACTOR_TARGETS, steps=200),
-            _format_tuned(root / "extractor", EXTRACTOR_TARGETS, steps=300,
-                          hidden_size=128))
+    return _format_tuned(root / "actor", ACTOR_TARGETS, steps=200), build_tiny_model(root / "x")
+
+
+def _seed_bank(run_dir: Path) -> list[str]:
+    """Entries in the run's bank before it starts (as a bank carried over from an earlier run),
+    so guided rollouts retrieve from the first step."""
+    from crl_harness.experience import ExperienceBank
+
+    with ExperienceBank(run_dir / "bank.sqlite") as bank:
+        return [bank.add("CRL/Sokoban-v0", title, content, generation_id=f"seed-{i}").id
+                for i, (title, content) in enumerate([
+                    ("Corners", "Never push a box into a corner that is not a target."),
+                    ("Walls", "A box pushed against a wall can only move along it."),
+                    ("Plan", "Count the moves to each target before the first push.")])]
 
 
 def _overrides(models, run_dir: Path, arm: str = "co-evolve", steps: int = 2) -> list[str]:
@@ -128,9 +136,9 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_co_evolve_trains_both_models_fills_the_bank_and_writes_metrics(models, tmp_path):
+    seeded = _seed_bank(tmp_path)
     cfg = load_config(None, _overrides(models, tmp_path))
     trainer = Trainer(cfg)
-    extractor_before = {k: v.clone() for k, v in trainer.extractor.base_model.state_dict().items()}
     trainer.train()
 
     records = read_metrics(tmp_path / "metrics.jsonl")
@@ -140,17 +148,15 @@ def test_co_evolve_trains_both_models_fills_the_bank_and_writes_metrics(models, 
                 "loss/actor", "clip/actor", "bank/size", "extractor/format_failures",
                 "time/rollout", "time/actor_update", "time/extractor_update"):
         assert key in last, key
-    assert last["bank/size"] > 0
+    assert last["bank/size"] == len(seeded)  # the random extractor's answers never parse
+    assert last["extractor/distillations"] >= 4 and last["extractor/format_failures"] >= 4
+    assert all(r["experience/retrieved_per_guided"] == 1.0 for r in records)
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
 
     actor_after = _weights(tmp_path / "checkpoints" / "step-000002" / "actor_hf")
     actor_before = _weights(models[0])
     assert any(not torch.equal(actor_before[k], actor_after[k]) for k in actor_before)
-    extractor_after = torch.load(tmp_path / "checkpoints" / "step-000002" / "extractor.pt",
-                                 weights_only=False)["model"]
-    if any(r.get("extractor/updates", 0) for r in records):
-        assert any(not torch.equal(extractor_before[k], extractor_after[k])
-                   for k in extractor_before)
+    assert (tmp_path / "checkpoints" / "step-000002" / "extractor.pt").exists()
 
 
 def test_cispo_update_changes_the_extractor(models, tmp_path):
@@ -175,17 +181,17 @@ def test_cispo_update_changes_the_extractor(models, tmp_path):
 
 @pytest.mark.parametrize("arm", ["static", "none"])
 def test_baseline_arms_from_the_same_config(models, tmp_path, arm):
-    cfg = load_config(None, _overrides(models, tmp_path, arm=arm, steps=1))
+    cfg = load_config(None, _overrides(models, tmp_path, arm=arm, steps=2))
     trainer = Trainer(cfg)
     assert trainer.extractor is None
     metrics = trainer.train()
-    checkpoint = tmp_path / "checkpoints" / "step-000001"
+    checkpoint = tmp_path / "checkpoints" / "step-000002"
     assert not (checkpoint / "extractor.pt").exists()
     if arm == "none":
         assert trainer.experience is None and not (tmp_path / "bank.sqlite").exists()
         assert "success/guided" not in metrics and metrics["rollout/episodes"] == 8
-    else:  # the frozen extractor still writes the bank
-        assert metrics["extractor/distillations"] >= 1
+    else:  # the frozen extractor still distils every guided trajectory (step 1's by now)
+        assert metrics["extractor/distillations"] >= 4
         assert "success/guided" in metrics
 
 
@@ -195,8 +201,10 @@ def test_resume_without_checkpoint_is_one_clear_error(models, tmp_path):
         Trainer(cfg, resume=True)
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_continues_from_the_last_checkpoint(models, tmp_path):
     run_dir = tmp_path / "run"
+    seeded = _seed_bank(run_dir)
     config = tmp_path / "tiny.yaml"
     config.write_text("name: tiny\n")
     overrides = _overrides(models, run_dir, steps=5)
@@ -220,7 +228,8 @@ def test_kill_9_then_resume_continues_from_the_last_checkpoint(models, tmp_path)
     cfg = load_config(config, overrides)
     trainer = Trainer(cfg, resume=True)
     assert trainer.step == saved["step"]
-    assert len(trainer.experience.bank) == saved["bank_entries"]
+    assert len(trainer.experience.bank) == saved["bank_entries"] == len(seeded)
+    assert sorted(e.id for e in trainer.experience.bank.entries()) == sorted(seeded)
     trainer.train()
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
@@ -232,12 +241,14 @@ def test_ray_backend_same_semantics(models, tmp_path):
     pytest.importorskip("ray")
     from crl_harness.training.ray_backend import RayTrainer
 
+    _seed_bank(tmp_path)
     cfg = load_config(None, _overrides(models, tmp_path, steps=2) + ["run.backend=ray"])
     trainer = RayTrainer(cfg)
     metrics = trainer.train()
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
-    assert metrics["rollout/episodes"] == 8 and metrics["bank/size"] > 0
+    assert metrics["rollout/episodes"] == 8 and metrics["bank/size"] == 3
+    assert metrics["experience/retrieved_per_guided"] == 1.0
     assert "success/guided" in metrics and "loss/actor" in metrics
     actor_after = _weights(tmp_path / "checkpoints" / "step-000002" / "actor_hf")
     actor_before = _weights(models[0])
