@@ -206,18 +206,18 @@ def _play_step_agents(agent: str, specs: Sequence[EpisodeSpec], retriever: Any, 
 
     def play(spec: EpisodeSpec) -> Trajectory:
         envs = local.__dict__.setdefault("envs", {})
-        if spec.env_id not in envs:
-            envs[spec.env_id] = make_env(spec.env_id, retriever)
-        env = envs[spec.env_id]
         try:
+            if spec.env_id not in envs:
+                envs[spec.env_id] = make_env(spec.env_id, retriever)
+            env = envs[spec.env_id]
             traj = run_episode(env, make_agent(agent, spec.env_id, env), spec)
-        except UserFacingError:
-            raise
-        except Exception as err:  # noqa: BLE001 - an env failure ends only its episode
+        except Exception as err:  # noqa: BLE001 - one env's failure (no Docker, no data) ends
+            # only its own episodes; the report counts them as errors with the message.
             traj = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience,
                               error=f"{type(err).__name__}: {err}")
-            env.close()
-            del envs[spec.env_id]
+            failed = envs.pop(spec.env_id, None)
+            if failed is not None:
+                failed.close()
         finished(traj)
         return traj
 

@@ -107,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     summaries = summarize(trajectories)
     title = f"{args.agent}: {len(trajectories)} episodes in {seconds:.1f}s"
     console.print(render_table(summaries, title=title))
+    for env_id, error in dict.fromkeys((t.env_id, t.error) for t in trajectories if t.error):
+        console.print(f"[red]{env_id}[/]: {error}", markup=True, highlight=False)
     write_report(out / "report.json", trajectories, meta={
         "agent": args.agent, "envs": env_ids, "seeds": seeds, "experience": args.experience,
         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
