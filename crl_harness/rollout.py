@@ -126,7 +126,8 @@ class RolloutConfig:
     max_live: int = 64
     """Episodes played at once (the generate batch)."""
     workers: int = 1
-    """Threads for env resets and steps (envs whose steps wait on a process or C code)."""
+    """Threads for env resets and steps (envs whose steps wait on a process or C code); keep 1
+    for ALFWorld, whose game loading is not thread-safe."""
     experience_k: int = 1
     """Bank entries retrieved per episode when experience is on."""
     seed: int | None = None

@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an experience bank (SQLite file): retrieved entries go into prompts")
     parser.add_argument("--experience-k", type=int, default=1, help="entries retrieved per episode")
     parser.add_argument("--workers", type=int, default=1,
-                        help="threads for env steps (scripted: episodes played at once)")
+                        help="threads for env steps (scripted: episodes played at once); "
+                             "keep 1 for ALFWorld, whose game loading is not thread-safe")
     parser.add_argument("--out", default=None, help="output folder (default runs/eval-TIMESTAMP)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="cap on one reply")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
