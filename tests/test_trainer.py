@@ -211,12 +211,13 @@ def test_kill_9_then_resume_continues_from_the_last_checkpoint(models, tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "crl_harness.cli", "train", str(config), *overrides,
                "--no-progress"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
+    log = tmp_path / "train.log"  # a file, not a pipe: a full pipe would stall the child
+    with open(log, "wb") as handle:
+        process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT)
     checkpoints = run_dir / "checkpoints"
     deadline = time.monotonic() + 240
     while not (checkpoints / "step-000002").exists():
-        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        assert process.poll() is None, log.read_text()[-2000:]
         assert time.monotonic() < deadline, "no checkpoint at step 2 in time"
         time.sleep(0.2)
     os.kill(process.pid, signal.SIGKILL)
