@@ -70,13 +70,13 @@ def test_crl_eval_model_agent_on_the_tiny_model(tmp_path):
 
     model = build_tiny_model(tmp_path / "tiny")
     out = tmp_path / "ev"
-    assert main(["eval", "--agent", f"hf:{model}", "--envs", "CRL/Sokoban-v0", "--episodes", "2",
+    assert main(["eval", "--agent", f"hf:{model}", "--envs", "CRL/Sokoban-v0", "--episodes", "1",
                  "--max-new-tokens", "4", "--history", "1", "--out", str(out), "--no-progress"]) == 0
     report = json.loads((out / "report.json").read_text())
     [env] = report["envs"]
-    assert env["episodes"] == 2 and env["format_failure_rate"] == 1.0
-    assert 0 < env["generated_tokens"] <= 2 * 30 * 4
-    assert len(read_attempts(out / "results.jsonl")) == 2
+    assert env["episodes"] == 1 and env["format_failure_rate"] == 1.0
+    assert 0 < env["generated_tokens"] <= 30 * 4
+    assert len(read_attempts(out / "results.jsonl")) == 1
 
 
 def test_crl_eval_missing_model_is_one_clear_error(tmp_path, capsys):
