@@ -210,6 +210,7 @@ class ALFWorldEnv(TextEnv):
                 self._engine = _start_engine()
             if self._loaded != game:
                 self._loaded = None  # a failed load must not look loaded
+                _drop_interned_facts()
                 try:
                     self._engine.load(str(game.path))
                 except Exception as err:  # the engine raises anything on a broken file
@@ -283,6 +284,22 @@ def _argv_kept():
         yield
     finally:
         sys.argv = argv
+
+
+def _drop_interned_facts() -> None:
+    """Let go of the facts textworld interned for earlier games.
+
+    textworld builds every ``Proposition`` and ``Signature`` through a memoizing metaclass
+    (``mementos``) whose global cache is never emptied, so memory grows with every new game
+    loaded (about 2 MB a game). Both classes compare by value, so a game still being played
+    keeps working with the instances it holds; the next game just builds its own.
+    """
+    from mementos.core import _memento_cache
+    from textworld.logic import Proposition, Signature
+
+    for key in list(_memento_cache):  # list() first: another env may be adding entries
+        if key[0] in (Proposition, Signature):
+            _memento_cache.pop(key, None)
 
 
 def _start_engine() -> Any:
