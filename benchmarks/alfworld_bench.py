@@ -197,6 +197,8 @@ def expert_all() -> int:
         wins += bool(info["won"] and reward == 1.0)
         if not info["won"]:
             lost.append(game.game_id)
+        if (task_id + 1) % 25 == 0:
+            print(f"  {wins}/{task_id + 1} won so far", flush=True)
     env.close()
     print(f"expert won {wins}/{len(games)} valid_unseen games "
           f"({time.perf_counter() - start:.0f} s)")
