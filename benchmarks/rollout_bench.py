@@ -1,12 +1,13 @@
-"""Rollout throughput: episodes/s and generated tokens/s, HF vs vLLM in the same run.
+"""Rollout throughput: generated tokens/s of the HF backend with and without KV reuse (and vLLM).
 
-Plays the same episode specs (same env, seeds, turn cap, sampling settings) with each backend
-through ``RolloutEngine`` and prints the median of ``--repeats`` timed runs (after one warm-up
-run), then the vLLM/HF ratio. Default: SmolLM2-135M on CRL/MiniHackRoom-v0, 32 episodes of 4
-turns, 64 new tokens a reply.
+Plays the same episode specs (same env, seeds, turn cap, sampling settings, full history) with
+each side through ``RolloutEngine`` and prints the median of ``--repeats`` timed runs (after one
+warm-up run), the time of turn ``--late-turn`` over turn 2 (the per-turn cost as the history
+grows), and the ratios against the first side. Sides: ``hf`` (KV reuse, the default backend),
+``hf-noreuse`` (every prompt prefilled in full: the path before KV reuse), ``vllm``.
 
-    .venv/bin/python benchmarks/rollout_bench.py
-    .venv/bin/python benchmarks/rollout_bench.py --backends hf --episodes 8
+    .venv/bin/python benchmarks/rollout_bench.py                       # issue 11's figures
+    .venv/bin/python benchmarks/rollout_bench.py --sides hf,vllm --turns 4
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help="short name or local path")
     parser.add_argument("--env", default="CRL/MiniHackRoom-v0")
     parser.add_argument("--episodes", type=int, default=32, help="episodes per run (one batch)")
-    parser.add_argument("--turns", type=int, default=4, help="turn cap per episode")
+    parser.add_argument("--turns", type=int, default=8, help="turn cap per episode")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--late-turn", type=int, default=8, help="turn compared with turn 2")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--backends", default="hf,vllm", help="comma-separated: hf, vllm")
+    parser.add_argument("--sides", default="hf-noreuse,hf",
+                        help="comma-separated: hf-noreuse, hf, vllm (ratios are against the first)")
     args = parser.parse_args()
 
     import torch
@@ -38,35 +41,49 @@ def main() -> None:
 
     specs = [EpisodeSpec(args.env, seed=s) for s in range(args.episodes)]
     config = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                           max_live=args.episodes, seed=0,
+                           max_live=args.episodes, seed=0, history=None,
                            env_kwargs={args.env: {"max_episode_steps": args.turns}})
-    print(f"{args.env}: {args.episodes} episodes x {args.turns} turns, {args.max_new_tokens} "
-          f"new tokens max, temperature {args.temperature}, {args.threads} threads, "
-          f"median of {args.repeats}")
-    rates: dict[str, tuple[float, float]] = {}
-    for kind in args.backends.split(","):
-        backend = load_backend(f"{kind}:{args.model}")
+    print(f"{args.env}: {args.episodes} episodes x {args.turns} turns, full history, "
+          f"{args.max_new_tokens} new tokens max, temperature {args.temperature}, "
+          f"{args.threads} threads, median of {args.repeats}")
+    rates: dict[str, float] = {}
+    for side in args.sides.split(","):
+        kind, options = ("hf", {"kv_reuse": False}) if side == "hf-noreuse" else (side, {})
+        backend = load_backend(f"{kind}:{args.model}", **options)
+        turn_times: list[float] = []
+        generate = backend.generate
+
+        def timed(*a, _generate=generate, _times=turn_times, **kw):
+            start = time.perf_counter()
+            out = _generate(*a, **kw)
+            _times.append(time.perf_counter() - start)
+            return out
+
+        backend.generate = timed  # type: ignore[method-assign]
         engine = RolloutEngine(backend, config=config)
         engine.run(specs[: max(1, args.episodes // 4)])  # warm-up (kernels, allocator, envs)
-        episode_rates, token_rates, prompt_tokens = [], [], []
+        token_rates, prompt_tokens, late_ratios = [], [], []
         for _ in range(args.repeats):
+            turn_times.clear()
             start = time.perf_counter()
             trajectories = engine.run(specs)
             seconds = time.perf_counter() - start
             tokens = sum(t.generated_tokens for t in trajectories)
-            episode_rates.append(len(trajectories) / seconds)
             token_rates.append(tokens / seconds)
             prompt_tokens.append(statistics.mean(len(turn.prompt_token_ids)
                                                  for t in trajectories for turn in t.turns))
-        rates[kind] = (statistics.median(episode_rates), statistics.median(token_rates))
-        print(f"{kind:5s} {rates[kind][0]:7.2f} episodes/s {rates[kind][1]:8.1f} generated tok/s"
-              f"  (runs: {', '.join(f'{r:.0f}' for r in token_rates)} tok/s; mean prompt "
+            if len(turn_times) >= args.late_turn:
+                late_ratios.append(turn_times[args.late_turn - 1] / turn_times[1])
+        rates[side] = statistics.median(token_rates)
+        late = f"{statistics.median(late_ratios):.2f}x" if late_ratios else "n/a (episodes ended)"
+        print(f"{side:10s} {rates[side]:8.1f} generated tok/s  turn {args.late_turn}/turn 2: {late}"
+              f"  (runs: {', '.join(f'{r:.1f}' for r in token_rates)} tok/s; mean prompt "
               f"{statistics.mean(prompt_tokens):.0f} tokens)", flush=True)
         engine.close()
         backend.close()
-    if "hf" in rates and "vllm" in rates:
-        print(f"vllm/hf: {rates['vllm'][0] / rates['hf'][0]:.2f}x episodes/s, "
-              f"{rates['vllm'][1] / rates['hf'][1]:.2f}x generated tok/s")
+    first, *others = list(rates)
+    for side in others:
+        print(f"{side}/{first}: {rates[side] / rates[first]:.2f}x generated tok/s")
 
 
 if __name__ == "__main__":

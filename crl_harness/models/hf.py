@@ -12,6 +12,7 @@ keeping a vocabulary-sized score tensor per step; rows that have finished leave 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,15 @@ class HFBackend:
     ``max_batch_size`` bounds how many conversations one forward pass holds; prompts are sorted
     by length so that padding stays small.
 
+    KV reuse (``kv_reuse=True``, the default): the keys and values of every prompt and answer are
+    kept (``crl_harness.models.kv_cache.PrefixStore``), so the next turn of a multi-turn episode,
+    whose prompt extends the last one, prefills only its new tokens; prefixes that several
+    prompts of one batch share (a system prompt, a GRPO group) are computed once. A prompt that
+    changed other than by appending reuses its longest stored common prefix. The store holds at
+    most ``kv_cache_tokens`` tokens (least recently used evicted; SmolLM2-135M in fp32 takes
+    46 KB a token, so the default 65,536 is 3 GB) and is emptied when the weights change (any
+    in-place update of a parameter). ``kv_reuse=False`` prefills every prompt in full.
+
     Example:
         >>> from crl_harness.models.tiny import build_tiny_model
         >>> import tempfile
@@ -93,6 +103,9 @@ class HFBackend:
         True
     """
 
+    MIN_SHARED_PREFIX = 16
+    """tokens that prompts of a batch must share beyond the stored part to be prefilled once"""
+
     def __init__(
         self,
         path: str | os.PathLike,
@@ -102,6 +115,8 @@ class HFBackend:
         dtype: str = "auto",
         max_batch_size: int = 64,
         max_context: int | None = None,
+        kv_reuse: bool = True,
+        kv_cache_tokens: int = 65_536,
     ) -> None:
         torch, transformers = _import_torch_transformers()
         if device == "auto":
@@ -137,6 +152,16 @@ class HFBackend:
             if self.tokenizer.pad_token_id is not None
             else min(self.stop_ids)
         )
+        if kv_cache_tokens < 1:
+            raise ValueError(f"kv_cache_tokens must be >= 1, got {kv_cache_tokens}.")
+        from crl_harness.models.kv_cache import KVLayout, PrefixStore
+
+        self.kv_layout = KVLayout.of(self.model.config)
+        self.kv_cache_tokens = kv_cache_tokens
+        self.prefix_store = PrefixStore(kv_cache_tokens) if kv_reuse else None
+        self.cache_stats = {"prefilled_tokens": 0, "reused_tokens": 0}
+        self._seen_weights = self._weights_version()
+        self._lock = threading.Lock()  # one batch at a time owns the model and the store
 
     # ----------------------------------------------------------------- protocol
     def count_tokens(self, messages: list[Message]) -> int:
@@ -173,58 +198,159 @@ class HFBackend:
 
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
-        order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
-        results: list[Generation | None] = [None] * len(prompt_ids)
-        for start in range(0, len(order), self.max_batch_size):
-            chunk = order[start : start + self.max_batch_size]
-            for index, generation in zip(
-                chunk,
-                self._decode([prompt_ids[i] for i in chunk], max_new_tokens, temperature, top_p,
-                             generator),
-                strict=True,
-            ):
-                results[index] = generation
-        return results  # type: ignore[return-value]
-
-    def load_weights(self, state_dict: dict[str, Any]) -> None:
-        """Copy ``state_dict`` (e.g. the trainer's) into the model; every key must match."""
-        self.model.load_state_dict(state_dict, strict=True)
-
-    def close(self) -> None:
-        self.model = None  # type: ignore[assignment]
-
-    # ----------------------------------------------------------------- decoding
-    def _decode(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                top_p: float, generator: Any) -> list[Generation]:
-        import torch
-        from transformers import DynamicCache
-
-        width = max(len(p) for p in prompts)
+        width = max(len(p) for p in prompt_ids)
         if width + max_new_tokens > self.max_context:
             raise ValueError(
                 f"A prompt of {width} tokens plus {max_new_tokens} new tokens exceeds the model's "
                 f"context of {self.max_context}; shorten the history (history=k) or max_new_tokens."
             )
-        # Left padding: every row's next token is written at the same position of the batch.
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids):] = 1
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
+        order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+        results: list[Generation | None] = [None] * len(prompt_ids)
+        with self._lock:
+            self._drop_stale_prefixes()
+            for chunk in self._chunks([len(prompt_ids[i]) for i in order], max_new_tokens):
+                indices = [order[i] for i in chunk]
+                prompts = [prompt_ids[i] for i in indices]
+                if self.prefix_store is not None:
+                    self._share_prefixes(prompts)
+                generations = self._decode(prompts, max_new_tokens, temperature, top_p, generator)
+                for index, generation in zip(indices, generations, strict=True):
+                    results[index] = generation
+        return results  # type: ignore[return-value]
+
+    def load_weights(self, state_dict: dict[str, Any]) -> None:
+        """Copy ``state_dict`` (e.g. the trainer's) into the model; every key must match."""
+        self.model.load_state_dict(state_dict, strict=True)
+        self.clear_prefix_cache()
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
+
+    # ----------------------------------------------------------------- KV reuse
+    def clear_prefix_cache(self) -> None:
+        """Forget every stored prefix (the next prompts are prefilled in full)."""
+        if self.prefix_store is not None:
+            self.prefix_store.clear()
+
+    def _weights_version(self) -> tuple[int, int]:
+        # Every in-place change of a parameter (an optimiser step, load_state_dict, a LoRA adapter
+        # being trained or added) bumps the parameters' version counters.
+        params = list(self.model.parameters())
+        return len(params), sum(p._version for p in params)
+
+    def _drop_stale_prefixes(self) -> None:
+        if self.prefix_store is None:
+            return
+        version = self._weights_version()
+        if version != self._seen_weights:
+            self.prefix_store.clear()
+            self._seen_weights = version
+
+    def _chunks(self, lengths: list[int], max_new_tokens: int) -> list[list[int]]:
+        """Split the length-sorted batch so that no forward pass holds more than
+        ``max_batch_size`` rows, nor (with KV reuse) more than ``kv_cache_tokens`` cache slots."""
+        chunks: list[list[int]] = [[]]
+        for i, length in enumerate(lengths):
+            rows = len(chunks[-1]) + 1
+            slots = rows * (length + max_new_tokens)
+            if chunks[-1] and (rows > self.max_batch_size
+                               or (self.prefix_store is not None and slots > self.kv_cache_tokens)):
+                chunks.append([])
+            chunks[-1].append(i)
+        return chunks
+
+    def _share_prefixes(self, prompts: list[list[int]], depth: int = 3) -> None:
+        """Prefill once, and store, the prefixes that several prompts of a batch share beyond
+        what is already stored (a system prompt; a GRPO group's first observation), then the
+        prefixes those share in turn, ``depth`` levels down."""
+        import numpy as np
+
+        from crl_harness.models.kv_cache import common_prefix
+
+        assert self.prefix_store is not None
+        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        stored = [self.prefix_store.lookup(a)[1] for a in arrays]
+        shared = [0] * len(prompts)
+        by_content = sorted(range(len(prompts)), key=lambda i: prompts[i])
+        for a, b in zip(by_content, by_content[1:], strict=False):
+            length = common_prefix(arrays[a], arrays[b])
+            shared[a], shared[b] = max(shared[a], length), max(shared[b], length)
+        inputs = {tuple(p) for p in prompts}
+        jobs: dict[tuple[int, ...], list[int]] = {}
+        for prompt, known, common in zip(prompts, stored, shared, strict=True):
+            key = tuple(prompt[:common])
+            if common >= known + self.MIN_SHARED_PREFIX and key not in inputs:
+                jobs.setdefault(key, prompt[:common])
+        if jobs and depth > 0:
+            prefixes = sorted(jobs.values(), key=len)
+            self._share_prefixes(prefixes, depth - 1)  # e.g. one system prompt, many groups
+            self._decode(prefixes, 0, 1.0, 1.0, None, shared=True)
+
+    # ----------------------------------------------------------------- decoding
+    def _decode(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                top_p: float, generator: Any, shared: bool = False) -> list[Generation]:
+        """Prefill what is not stored yet, then sample up to ``max_new_tokens`` per prompt.
+
+        The batch cache is one slab: row r holds its reused prefix right-aligned in columns
+        ``[C - reuse_r, C)``, its new prompt tokens right-aligned in ``[C, C + S)``, then its
+        answer; the attention mask hides the unused columns between them. ``max_new_tokens=0``
+        only prefills and stores (shared prefixes).
+        """
+        import torch
+
+        from crl_harness.models.kv_cache import SlabCache
+
+        store, layout = self.prefix_store, self.kv_layout
+        found = [store.lookup(p) if store is not None else (None, 0) for p in prompts]
+        reuse = [min(n, len(p) - 1) for (_, n), p in zip(found, prompts, strict=True)]
+        C = max(reuse)
+        S = max(len(p) - n for p, n in zip(prompts, reuse, strict=True))
+        B = len(prompts)
+        slab = torch.empty((layout.layers, 2, B, layout.kv_heads, C + S + max(max_new_tokens - 1, 0),
+                            layout.head_dim), dtype=self.model.dtype, device=self.device)
+        input_ids = torch.full((B, S), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((B, C + S), dtype=torch.long)
+        positions = torch.zeros((B, S), dtype=torch.long)
+        prefix_columns = []
+        for row, (prompt, (entry, _), n) in enumerate(zip(prompts, found, reuse, strict=True)):
+            # Masked columns must hold finite numbers: a masked key gets weight 0, and 0 * NaN
+            # from uninitialised memory would still be NaN.
+            slab[:, :, row, :, : C - n] = 0
+            if n:
+                slab[:, :, row, :, C - n : C] = entry.kv[:, :, :, :n]
+            s = len(prompt) - n
+            input_ids[row, S - s :] = torch.tensor(prompt[n:], dtype=torch.long)
+            positions[row, S - s :] = torch.arange(n, len(prompt))
+            attention[row, C - n : C] = 1
+            attention[row, C + S - s :] = 1
+            prefix_columns.append(torch.cat([torch.arange(C - n, C), torch.arange(C + S - s, C + S)]))
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        positions = positions.to(self.device)
+        self.cache_stats["prefilled_tokens"] += sum(len(p) - n for p, n in zip(prompts, reuse, strict=True))
+        self.cache_stats["reused_tokens"] += sum(reuse)
 
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finish = [LENGTH] * len(prompts)
         live = list(range(len(prompts)))  # batch row -> index into prompts
-        cache = DynamicCache()
+        cache = SlabCache(slab, C)
+
+        def store_row(row: int, index: int) -> None:
+            # What was fed through the model: the prompt and every sampled token but the last.
+            if store is None:
+                return
+            fed = max(len(tokens[index]) - 1, 0)
+            columns = torch.cat([prefix_columns[index], torch.arange(C + S, C + S + fed)])
+            store.add(prompts[index] + tokens[index][:fed],
+                      cache.row_kv(row, columns.to(self.device)),
+                      shared=shared, replaces=found[index][0])
+
         with torch.inference_mode():
             out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
-            next_positions = positions[:, -1] + 1
+            next_positions = torch.tensor([len(p) for p in prompts], device=self.device)
             for step in range(max_new_tokens):
                 chosen, chosen_logps = sample_next_token(out.logits[:, -1, :], temperature, top_p,
                                                          generator)
@@ -241,8 +367,10 @@ class HFBackend:
                 if not keep or step == max_new_tokens - 1:
                     break
                 if len(keep) < len(live):
+                    for row in sorted(set(range(len(live))) - set(keep)):
+                        store_row(row, live[row])
                     rows = torch.tensor(keep, device=self.device)
-                    cache.batch_select_indices(rows)
+                    cache.select_rows(rows)
                     attention, chosen, next_positions = attention[rows], chosen[rows], next_positions[rows]
                     live = [live[row] for row in keep]
                 attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=-1)
@@ -250,6 +378,10 @@ class HFBackend:
                                  position_ids=next_positions[:, None], past_key_values=cache,
                                  use_cache=True)
                 next_positions = next_positions + 1
+            for row, index in enumerate(live):
+                store_row(row, index)
+        if max_new_tokens == 0:
+            return []
         return [
             Generation(
                 text=self.tokenizer.decode(ids, skip_special_tokens=True),
