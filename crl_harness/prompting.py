@@ -111,9 +111,12 @@ def system_prompt(instructions: str, experience: str = "", task: str = "") -> st
 class Conversation:
     """One episode as chat messages: system prompt, then observation/reply turns.
 
-    ``history=None`` keeps every earlier turn that fits in the token budget (oldest dropped
-    first); ``history=k`` keeps at most the last k earlier turns. The current observation and the
-    system prompt are always kept.
+    ``history=None`` keeps every earlier turn that fits in the token budget; when the budget is
+    exceeded the oldest turns are dropped ``trim_block`` at a time, so the kept history starts at
+    the same turn for several turns in a row and a backend with KV reuse re-prefills only when the
+    window jumps (``trim_block=1`` keeps as much as fits, re-prefilling every turn once full).
+    ``history=k`` keeps at most the last k earlier turns (the prompt then changes every turn past
+    k). The current observation and the system prompt are always kept.
 
     Example:
         >>> conv = Conversation("rules", history=1)
@@ -126,6 +129,7 @@ class Conversation:
     system: str
     history: int | None = None
     turns: list[tuple[str, str]] = field(default_factory=list)  # (observation, reply)
+    trim_block: int = 4
     current: str = ""
 
     def observe(self, observation: str) -> None:
@@ -153,7 +157,9 @@ class Conversation:
                 high = middle
             else:
                 low = middle + 1
-        return self._render(turns[high:])
+        # Round the drop up to whole blocks: the window's start then moves every few turns only.
+        drop = min(len(turns), -(-high // self.trim_block) * self.trim_block)
+        return self._render(turns[drop:])
 
     def _render(self, turns: list[tuple[str, str]]) -> list[Message]:
         messages: list[Message] = [{"role": "system", "content": self.system}]

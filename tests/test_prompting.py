@@ -81,3 +81,24 @@ def test_history_is_trimmed_oldest_first_to_the_token_budget():
     assert messages[-2]["content"] == "reply 9"  # the newest turns survive
     # Even an impossible budget keeps the system prompt and the current observation.
     assert [m["content"] for m in conv.messages(budget=1, count_tokens=count)] == ["S", "obs 10"]
+
+
+def test_budget_trimming_drops_whole_blocks_so_the_prefix_stays_stable():
+    count = lambda messages: sum(len(m["content"]) for m in messages)  # noqa: E731
+    conv = Conversation("S", trim_block=4)
+    starts = []
+    for turn in range(1, 25):
+        conv.observe(f"obs {turn:02d}")
+        messages = conv.messages(budget=120, count_tokens=count)
+        assert count(messages) <= 120 and messages[-1]["content"] == f"obs {turn:02d}"
+        starts.append(messages[1]["content"])
+        conv.reply(f"reply {turn:02d}")
+    # Once the budget is reached, the window's first turn changes at most every 4 turns.
+    changes = [i for i in range(1, len(starts)) if starts[i] != starts[i - 1]]
+    assert changes and all(b - a >= 4 for a, b in zip(changes, changes[1:], strict=False))
+    exact = Conversation("S", trim_block=1)  # as much as fits: the start moves every turn
+    for turn in range(1, 25):
+        exact.observe(f"obs {turn:02d}")
+        if turn > 10:  # full: everything that fits is kept, whatever turn that starts at
+            assert count(exact.messages(budget=120, count_tokens=count)) > 120 - 14
+        exact.reply(f"reply {turn:02d}")
