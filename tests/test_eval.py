@@ -83,3 +83,18 @@ def test_crl_eval_missing_model_is_one_clear_error(tmp_path, capsys):
     code = main(["eval", "--agent", f"hf:{tmp_path / 'none'}", "--envs", "CRL/Sokoban-v0",
                  "--episodes", "1", "--out", str(tmp_path / "ev"), "--no-progress"])
     assert code == 2 and "Could not load" in capsys.readouterr().err
+
+
+def test_hardening_crl_eval_kv_cache_flags(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from crl_harness.models.tiny import build_tiny_model
+
+    code = main(["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--episodes", "1",
+                 "--kv-cache-tokens", "0", "--out", str(tmp_path / "bad"), "--no-progress"])
+    assert code == 2 and "--kv-cache-tokens must be >= 1" in capsys.readouterr().err
+    model = build_tiny_model(tmp_path / "tiny")
+    for flags, name in ((["--no-kv-reuse"], "off"), (["--kv-cache-tokens", "50"], "tiny-cap")):
+        out = tmp_path / name
+        assert main(["eval", "--agent", f"hf:{model}", "--envs", "CRL/Sokoban-v0", "--episodes",
+                     "2", "--max-new-tokens", "4", "--out", str(out), "--no-progress", *flags]) == 0
+        assert json.loads((out / "report.json").read_text())["envs"][0]["episodes"] == 2

@@ -40,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-live", type=int, default=64,
                         help="model agents: episodes generated for in one batch")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--kv-cache-tokens", type=int, default=65_536,
+                        help="hf agents: tokens of keys/values kept for reuse between turns "
+                             "(least recently used evicted; SmolLM2-135M: 46 KB a token)")
+    parser.add_argument("--no-kv-reuse", action="store_true",
+                        help="hf agents: prefill every prompt in full (the slow path, to compare)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -88,6 +93,14 @@ def run(args: argparse.Namespace) -> int:
 
         retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(args.experience)))
     specs = episode_specs(env_ids, seeds, use_experience=retriever is not None)
+    if args.kv_cache_tokens < 1:
+        raise UserFacingError(f"--kv-cache-tokens must be >= 1, got {args.kv_cache_tokens}.")
+    backend = None
+    if args.agent.startswith("hf:"):
+        from crl_harness.models.registry import load_backend
+
+        backend = load_backend(args.agent, kv_reuse=not args.no_kv_reuse,
+                               kv_cache_tokens=args.kv_cache_tokens)
     rollout = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, history=args.history, max_live=args.max_live,
                             workers=args.workers, experience_k=args.experience_k, seed=args.seed)
@@ -103,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
             progress.update(bar, advance=1, wins=progress.tasks[bar].fields["wins"] + traj.won)
 
         trajectories = evaluate(args.agent, specs, results_path=results_path, retriever=retriever,
-                                rollout=rollout, workers=args.workers, on_done=done)
+                                rollout=rollout, workers=args.workers, on_done=done,
+                                backend=backend)
     seconds = time.perf_counter() - started
     summaries = summarize(trajectories)
     title = f"{args.agent}: {len(trajectories)} episodes in {seconds:.1f}s"
