@@ -43,6 +43,8 @@ __all__ = [
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "assets" / "configs"
 
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
 
 class ConfigError(ValueError):
     """A config file or override is wrong; the message names the key and what to do."""
@@ -101,7 +103,15 @@ class ActorConfig:
     """The policy actor, trained by GRPO with guided and free subgroups."""
 
     model: str = "hf:smollm2-135m"
-    """model backend spec (``hf:NAME_OR_PATH``, ``vllm:PATH``)"""
+    """model backend spec, ``hf:NAME_OR_PATH``: the trainer updates this model in its own process
+    (``vllm:`` / ``openai:`` have no weight sync here and are rejected; they serve ``crl eval``)"""
+    dtype: Dtype = "auto"
+    """weights the rollouts run with (auto: bfloat16 on CUDA, float32 on CPU); the optimiser
+    keeps fp32 master weights and state whatever this is (``training.learner``)"""
+    recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """take the ratio's old log-probs from the learner's own pass instead of the sampler's
+    decoding; null: on unless the model runs in float32 (in bf16 the two differ). The sampler's
+    log-probs are kept for the ``logprob_gap`` metrics"""
     lr: float = 1e-6
     clip_eps: float = 0.2
     """PPO clip range"""
@@ -128,7 +138,12 @@ class ExtractorConfig:
     """The experience extractor, trained by CISPO on rewards credited by use."""
 
     model: str = "same"
-    """``same``: a second copy of the actor's base model; else a backend spec"""
+    """``same``: a second copy of the actor's base model; else a backend spec (``hf:`` when it
+    is trained, arm co-evolve)"""
+    dtype: Dtype = "auto"
+    """as ``actor.dtype``"""
+    recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """as ``actor.recompute_old_logprobs``"""
     lr: float = 1e-6
     eps_low: float = 0.1
     """CISPO weight clip below 1"""
@@ -136,9 +151,13 @@ class ExtractorConfig:
     """CISPO weight clip above 1"""
     train_after: int = 64
     """generations with rewards buffered before an update"""
-    repeat_by_uses: bool = True
-    """weight a generation by how many rollouts used what it wrote (in the loss and the
-    baseline), as if repeated once per use; false: every generation counts once"""
+    repeat_by_uses: bool = False
+    """false (paper, released code): one sample per generation, A = reward - batch mean; true:
+    weight a generation by how many rollouts used what it wrote (in the loss and the baseline),
+    as if repeated once per use"""
+    format_penalty: Optional[float] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """reward of a malformed extractor answer, which then joins the batch (e.g. -1); null
+    (released code): a malformed answer wrote nothing anyone used, so it is not trained"""
     max_grad_norm: float = 1.0
     temperature: float = 0.99
     top_p: float = 1.0
@@ -315,6 +334,16 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             fail(key, f"must be >= 0, got {value}")
     if cfg.actor.warmup_steps < 0:
         fail("actor.warmup_steps", "must be >= 0")
+    # The learners train the backend's own transformers model; other backends have no such
+    # model here and no weight sync, so a run would fail at its first step or never update.
+    if not cfg.actor.model.startswith("hf:"):
+        fail("actor.model", f"'{cfg.actor.model}' cannot be trained: the trainer updates an "
+             "hf: model in place and has no weight sync to vLLM or an OpenAI server; use "
+             "hf:NAME_OR_PATH (vllm: and openai: serve crl eval)")
+    if cfg.trains_extractor and cfg.extractor.model != "same" \
+            and not cfg.extractor.model.startswith("hf:"):
+        fail("extractor.model", f"'{cfg.extractor.model}' cannot be trained (arm co-evolve): "
+             "use same or hf:NAME_OR_PATH, or arm=static for a frozen extractor")
     if cfg.run.torch_threads < 0:
         fail("run.torch_threads", "must be >= 0 (0: torch's default)")
 

@@ -5,15 +5,19 @@ Holds ``Trainer``. One step:
 1. flush the Experience Manager (pending bank updates land before the rollout phase);
 2. draw ``groups_per_step`` task seeds from the mixture; G rollouts per seed, the first
    ``guided_per_group`` with retrieved experience, the others without;
-3. update the actor with GRPO, advantages inside each (seed, guided/free) subgroup; the actor is
-   frozen for the first ``warmup_steps`` steps while the bank fills;
+3. update the actor with GRPO, advantages inside each (seed, guided/free) subgroup;
 4. send the finished guided trajectories to the Experience Manager (the background track
    distils them into the bank with the extractor);
-5. drain the extractor's generation rewards (credited by use); once ``train_after`` are
-   buffered, update the extractor with CISPO (arm ``co-evolve`` only);
+5. read the extractor's generation rewards (each the mean credit of every episode that used
+   what the generation wrote, so far); once ``train_after`` are waiting, update the extractor
+   with CISPO (arm ``co-evolve`` only) and release them;
 6. every ``merge_every`` steps, queue a merge pass over the bank;
 7. push the new weights to the rollout backend (a no-op in one process: the learners train the
    backends' own models), log metrics, checkpoint every ``checkpoint_every`` steps.
+
+Warm-up, the first ``actor.warmup_steps`` steps, as in the released code: the actor is frozen
+and nothing is retrieved while the bank fills. The guided half of each group plays without
+experience (so nothing is credited and the extractor is not trained) and is still distilled.
 
 The arm (``co-evolve``, ``static``, ``none``) changes only which of these run.
 """
@@ -85,28 +89,30 @@ class Trainer:
         (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
 
         # The actor: a backend that generates and a learner that trains the same model object.
-        self.actor_backend = load_backend(cfg.actor.model)
+        self.actor_backend = load_backend(cfg.actor.model, dtype=cfg.actor.dtype)
         self.actor = PolicyLearner(
             self.actor_backend.model, lr=cfg.actor.lr, max_grad_norm=cfg.actor.max_grad_norm,
             temperature=cfg.actor.temperature, micro_batch_size=cfg.actor.micro_batch_size,
-            lora=cfg.actor.lora)
+            lora=cfg.actor.lora, recompute_old_logprobs=cfg.actor.recompute_old_logprobs)
 
         # The extractor and the bank (not in the arm without experience).
         self.experience: ExperienceService | None = None
         self.extractor: PolicyLearner | None = None
         if cfg.uses_experience:
             spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
-            extractor_backend = load_backend(spec)  # with "same": a second copy of the base model
+            # with "same": a second copy of the base model
+            extractor_backend = load_backend(spec, dtype=cfg.extractor.dtype)
             if cfg.trains_extractor:
                 self.extractor = PolicyLearner(
                     extractor_backend.model, lr=cfg.extractor.lr,
                     max_grad_norm=cfg.extractor.max_grad_norm,
                     temperature=cfg.extractor.temperature,
-                    micro_batch_size=cfg.extractor.micro_batch_size, lora=cfg.extractor.lora)
+                    micro_batch_size=cfg.extractor.micro_batch_size, lora=cfg.extractor.lora,
+                    recompute_old_logprobs=cfg.extractor.recompute_old_logprobs)
             self.experience = self._make_experience(extractor_backend, checkpoint)
         self.rollouts = self._make_rollouts()
         self.sampler = TaskSampler(cfg.tasks, cfg.run.seed)
-        self.extractor_buffer: list[GenerationReward] = []
+        self.awaiting_training = 0  # used extractor generations not trained yet
         self.counters: dict[str, float] = defaultdict(float)
         self.step = 0
         if checkpoint is not None:
@@ -142,39 +148,39 @@ class Trainer:
             self.experience.flush()
         times["flush"] = time.perf_counter() - t0
 
-        # 2. Rollouts: G per task seed, the first guided_per_group of each group with experience.
+        # 2. Rollouts: G per task seed, the first guided_per_group of each group with experience
+        #    (after warm-up: during it nothing is retrieved).
+        warming_up = step <= cfg.actor.warmup_steps
         t0 = time.perf_counter()
-        specs = self._episode_specs(step)
-        trajectories = [t for t in self.rollouts.run(specs) if not t.error]
+        specs = self._episode_specs(step, retrieve=not warming_up)
+        results = self.rollouts.run(specs)
+        trajectories = [t for t in results if not t.error]
         times["rollout"] = time.perf_counter() - t0
 
         # 3. Actor: GRPO with advantages inside each subgroup, frozen during warm-up.
         t0 = time.perf_counter()
         actor_stats = None
-        if step > cfg.actor.warmup_steps:
+        if not warming_up:
             actor_stats = self.actor.update(
                 self._actor_rows(trajectories),
                 functools.partial(grpo_loss, clip_eps=cfg.actor.clip_eps))
         times["actor_update"] = time.perf_counter() - t0
 
-        # 4. Finished guided trajectories go to the Experience Manager (background distillation).
+        # 4. Finished trajectories of the guided slots go to the Experience Manager (background
+        #    distillation); during warm-up they played without experience, and fill the bank.
         if self.experience is not None:
+            G, guided = cfg.tasks.group_size, cfg.tasks.guided_per_group
             self.experience.submit([
                 DistillationRequest(t.env_id, t.task, t.transcript, t.won, t.score,
                                     list(t.experience_ids), step)
-                for t in trajectories if t.use_experience])
+                for i, t in enumerate(results) if i % G < guided and not t.error])
 
-        # 5. Extractor: generation rewards, credited by use; CISPO once enough are buffered.
+        # 5. Extractor: each used generation's reward is the mean credit of all the episodes
+        #    that used what it wrote so far; it waits, still collecting credit, until trained.
         t0 = time.perf_counter()
         extractor_stats = None
-        if self.experience is not None:
-            drained = self.experience.drain_generation_rewards()
-            self.counters["extractor/generations_rewarded"] += len(drained)
-            if self.extractor is not None:
-                self.extractor_buffer.extend(drained)
-                if len(self.extractor_buffer) >= cfg.extractor.train_after:
-                    extractor_stats = self._update_extractor(self.extractor_buffer)
-                    self.extractor_buffer = []
+        if self.experience is not None and not warming_up:
+            extractor_stats = self._extractor_step()
         times["extractor_update"] = time.perf_counter() - t0
 
         # 6. Merge pass over every partition of the bank.
@@ -184,12 +190,16 @@ class Trainer:
         # 7. New weights reach the rollout backend and the extractor's generator.
         self._push_weights(actor_stats is not None and actor_stats.rows > 0,
                            extractor_stats is not None and extractor_stats.rows > 0)
-        return self._step_metrics(trajectories, actor_stats, extractor_stats, times)
+        metrics = self._step_metrics(trajectories, actor_stats, extractor_stats, times)
+        metrics["actor/warmup"] = float(warming_up)
+        return metrics
 
     # ================================================================== steps of the loop
-    def _episode_specs(self, step: int) -> list[EpisodeSpec]:
+    def _episode_specs(self, step: int, retrieve: bool = True) -> list[EpisodeSpec]:
+        """G specs per drawn seed, in order; slot j < guided_per_group of a group is the guided
+        one (it retrieves when ``retrieve``)."""
         t = self.cfg.tasks
-        guided = t.guided_per_group if self.cfg.uses_experience else 0
+        guided = t.guided_per_group if self.cfg.uses_experience and retrieve else 0
         return [
             EpisodeSpec(draw.env_id, draw.seed, group_id=index, use_experience=j < guided,
                         options=dict(t.envs[draw.env_index].options) or None)
@@ -216,7 +226,29 @@ class Trainer:
                                     advantage, weight) for turn in traj.turns if turn.token_ids)
         return rows
 
+    def _extractor_step(self) -> UpdateStats | None:
+        """Train the extractor once ``train_after`` used generations wait, then release them."""
+        assert self.experience is not None
+        waiting = self.experience.generation_rewards()
+        if self.extractor is None:  # static arm: nothing trains on them, so none is kept
+            self._release(waiting)
+            return None
+        if len(waiting) < self.cfg.extractor.train_after:
+            self.awaiting_training = len(waiting)
+            return None
+        stats = self._update_extractor(waiting)
+        self._release(waiting)
+        return stats
+
+    def _release(self, generations: list[GenerationReward]) -> None:
+        assert self.experience is not None
+        self.experience.release_generations([g.generation_id for g in generations])
+        self.counters["extractor/generations_rewarded"] += len(generations)
+        self.awaiting_training = 0
+
     def _update_extractor(self, buffer: list[GenerationReward]) -> UpdateStats | None:
+        """CISPO on ``buffer``: one sample per generation and A = reward - batch mean (PAPER.md),
+        or, with ``extractor.repeat_by_uses``, each generation counted once per use."""
         usable = [g for g in buffer if getattr(g.output, "token_ids", None)]
         if not usable:
             return None
@@ -261,17 +293,22 @@ class Trainer:
             m["loss/actor"] = actor.loss
             m["clip/actor"] = actor.clip_fraction
             m["grad_norm/actor"] = actor.grad_norm
+            # sampler vs learner log-probs of the trained tokens, before the step
+            m["actor/logprob_gap_mean"] = actor.logprob_gap_mean
+            m["actor/logprob_gap_max"] = actor.logprob_gap_max
         if extractor is not None:
             m["loss/extractor"] = extractor.loss
             m["clip/extractor"] = extractor.clip_fraction
             m["grad_norm/extractor"] = extractor.grad_norm
             m["extractor/trained_generations"] = extractor.rows
+            m["extractor/logprob_gap_mean"] = extractor.logprob_gap_mean
+            m["extractor/logprob_gap_max"] = extractor.logprob_gap_max
         if self.experience is not None:
             stats = self.experience.stats()
             m["bank/size"] = stats["bank_size"]
             m["extractor/format_failures"] = stats["format_failures"]
             m["extractor/distillations"] = stats["distillations"]
-            m["extractor/buffered"] = len(self.extractor_buffer)
+            m["extractor/buffered"] = self.awaiting_training
             m["experience/retrieved_per_guided"] = _mean(
                 [len(t.experience_ids) for t in trajectories if t.use_experience])
         m.update(self.counters)
@@ -285,14 +322,14 @@ class Trainer:
         return self.checkpoints.save(self.step, self._write_checkpoint)
 
     def _write_checkpoint(self, directory: Path) -> None:
-        torch.save({"model": self.actor.trainable_state_dict(),
-                    "optimizer": self.actor.optimizer.state_dict()}, directory / "actor.pt")
+        torch.save({"model": self.actor.trainable_state_dict(), **self.actor.optimizer_state()},
+                   directory / "actor.pt")
         if self.extractor is not None:
             torch.save({"model": self.extractor.trainable_state_dict(),
-                        "optimizer": self.extractor.optimizer.state_dict()},
-                       directory / "extractor.pt")
+                        **self.extractor.optimizer_state()}, directory / "extractor.pt")
+        # The generations awaiting training (with their credit so far) are in the ledger export.
         bank_entries = self.experience.export_state(directory) if self.experience else 0
-        torch.save({"extractor_buffer": self.extractor_buffer, "rng": rng_state()},
+        torch.save({"rng": rng_state(), "awaiting_training": self.awaiting_training},
                    directory / "trainer_state.pt")
         # A plain transformers checkpoint of the actor, so `crl eval hf:DIR` can load it.
         if self.actor.lora is None:
@@ -317,15 +354,15 @@ class Trainer:
         state = json.loads((checkpoint / "state.json").read_text())
         actor = torch.load(checkpoint / "actor.pt", weights_only=False)
         self.actor.load_trainable_state_dict(actor["model"])
-        self.actor.optimizer.load_state_dict(actor["optimizer"])
+        self.actor.load_optimizer_state(actor)
         if self.extractor is not None:
             extractor = torch.load(checkpoint / "extractor.pt", weights_only=False)
             self.extractor.load_trainable_state_dict(extractor["model"])
-            self.extractor.optimizer.load_state_dict(extractor["optimizer"])
+            self.extractor.load_optimizer_state(extractor)
         if self.experience is not None:
             self.experience.import_ledger(checkpoint)
         trainer_state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
-        self.extractor_buffer = trainer_state["extractor_buffer"]
+        self.awaiting_training = int(trainer_state.get("awaiting_training", 0))
         set_rng_state(trainer_state["rng"])
         self.counters.update(state["counters"])
         self.step = int(state["step"])
@@ -341,7 +378,7 @@ class Trainer:
             self.run_dir, self.cfg.experience, extractor_backend,
             max_new_tokens=self.cfg.extractor.max_new_tokens,
             temperature=self.cfg.extractor.temperature, top_p=self.cfg.extractor.top_p,
-            seed=self.cfg.run.seed)
+            seed=self.cfg.run.seed, format_failure_reward=self.cfg.extractor.format_penalty)
 
     def _make_rollouts(self) -> Any:
         return RolloutEngine(self.actor_backend, retriever=self.experience,

@@ -78,3 +78,32 @@ def test_bad_file_and_bad_override_syntax(tmp_path):
 def test_crl_train_reports_a_config_error(capsys):
     assert main(["train", "cpu-demo", "actor.lrr=1"]) == 2
     assert "actor.lrr" in capsys.readouterr().err
+
+
+def test_precision_and_extractor_reward_defaults_follow_the_paper():
+    cfg = load_config("mix6")
+    assert cfg.actor.dtype == cfg.extractor.dtype == "auto"
+    assert cfg.actor.recompute_old_logprobs is None  # auto: on unless the model runs in fp32
+    assert cfg.extractor.repeat_by_uses is False and cfg.extractor.format_penalty is None
+    cfg = load_config("cpu-demo", ["actor.dtype=bfloat16", "extractor.dtype=float16",
+                                   "actor.recompute_old_logprobs=false",
+                                   "extractor.format_penalty=-1"])
+    assert (cfg.actor.dtype, cfg.extractor.dtype) == ("bfloat16", "float16")
+    assert cfg.actor.recompute_old_logprobs is False and cfg.extractor.format_penalty == -1.0
+    with pytest.raises(ConfigError, match="'actor.dtype'"):
+        load_config("cpu-demo", ["actor.dtype=bf16"])
+
+
+@pytest.mark.parametrize("override, key", [
+    (["actor.model=vllm:/models/qwen"], "actor.model"),
+    (["actor.model=openai:http://localhost:8000/v1#qwen"], "actor.model"),
+    (["extractor.model=vllm:/models/qwen"], "extractor.model"),
+])
+def test_hardening_models_the_trainer_cannot_update_are_rejected_at_load(override, key):
+    with pytest.raises(ConfigError, match=f"'{key}'.*cannot be trained.*hf:NAME_OR_PATH"):
+        load_config("cpu-demo", override)
+
+
+def test_hardening_a_frozen_extractor_may_be_served_by_vllm():
+    cfg = load_config("cpu-demo", ["arm=static", "extractor.model=vllm:/models/qwen"])
+    assert cfg.extractor.model == "vllm:/models/qwen"

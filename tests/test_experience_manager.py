@@ -109,9 +109,7 @@ def test_malformed_answers_and_failing_extractor_apply_nothing(bank):
         manager.submit(request("open the door"))
         manager.flush()
         assert len(bank) == 0 and manager.stats()["format_failures"] == 1
-        [failure] = manager.drain_generation_rewards()
-        assert (failure.reward, failure.n_uses, failure.output) == (
-            -1.0, 0, "I think we should add a lesson!")
+        assert manager.generation_rewards() == []  # not trained (released code)
         manager.set_extractor(broken)
         manager.submit(request("open the door"))
         manager.flush()
@@ -120,6 +118,39 @@ def test_malformed_answers_and_failing_extractor_apply_nothing(bank):
         manager.submit(request("open the door"))
         manager.flush()
         assert len(bank) == 1
+
+
+def test_malformed_answer_is_not_trained_by_default_and_the_format_penalty_is_opt_in(bank):
+    malformed = "I think we should add a lesson!"
+    with ExperienceManager(bank, lambda p: malformed) as manager:
+        manager.submit(request("open the door"))
+        manager.flush()
+        assert manager.generation_rewards() == [] and len(manager.ledger) == 0
+    with ExperienceManager(bank, lambda p: malformed,
+                           ManagerConfig(format_failure_reward=-1.0)) as manager:
+        manager.submit(request("open the door"))
+        manager.flush()
+        [failure] = manager.generation_rewards()
+        assert (failure.reward, failure.n_uses, failure.output) == (-1.0, 0, malformed)
+
+
+def test_generation_used_in_two_steps_before_training_gets_the_mean_of_both(bank):
+    """The reward is the mean over every use until the generation is trained (PAPER.md); reading
+    it at the end of a step must not freeze it."""
+    with ExperienceManager(bank, lesson_extractor) as manager:
+        manager.submit(request("open the locked door with the key"))
+        manager.flush()
+        [entry] = manager.retrieve(ENV, "key door", k=1)
+        manager.report_outcome([entry.id], score=1.0)  # step 1's use
+        [step1] = manager.generation_rewards()
+        assert (step1.reward, step1.n_uses) == (1.0, 1)
+        manager.report_outcome([entry.id], score=0.0)  # step 2's use: a failure counts -1
+        [step2] = manager.generation_rewards()
+        assert step2.generation_id == step1.generation_id
+        assert (step2.reward, step2.n_uses) == (0.0, 2)
+        assert manager.release_generations([step2.generation_id]) == 1  # trained on
+        manager.report_outcome([entry.id], score=1.0)  # a use after training is not counted
+        assert manager.generation_rewards() == []
 
 
 def test_merge_pass(bank):

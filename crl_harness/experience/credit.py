@@ -1,9 +1,10 @@
 """Credit for the extractor: which extractor generations wrote experience that was used, and how
 the episodes that used it ended.
 
-Holds ``GenerationReward`` (what the trainer drains) and ``CreditLedger``. A generation's reward is
+Holds ``GenerationReward`` (what the trainer reads) and ``CreditLedger``. A generation's reward is
 the mean, over the episodes that retrieved entries it wrote, of the episode's score, with a score
-of 0 counted as -1 (PAPER.md, "Extractor: CISPO, credited by use").
+of 0 counted as -1 (PAPER.md, "Extractor: CISPO, credited by use"). Its record stays in the ledger
+until the trainer trains on it and ``release``-s it, so every use until then counts.
 """
 
 from __future__ import annotations
@@ -46,18 +47,29 @@ class _Record:
 
 
 class CreditLedger:
-    """Generations waiting for credit, and the credit they received. Thread-safe.
+    """Generations not trained yet, and the credit they received so far. Thread-safe.
+
+    ``rewards`` reads the current mean of every used generation and keeps the records, so a
+    generation used in several steps before it is trained gets the mean of all those uses;
+    ``release`` forgets the generations once trained (later uses of what they wrote are not
+    counted: the sample has been spent). ``drain`` is both at once, for one-shot readers.
 
     ``max_generations`` bounds memory: past it, the oldest generation that was never used is
-    forgotten (its entries were probably evicted or merged away).
+    forgotten (its entries were probably evicted or merged away), else the oldest one.
 
     Example:
         >>> ledger = CreditLedger()
         >>> ledger.register("g1", "prompt", "output", "distill")
-        >>> ledger.credit(["g1"], score=1.0), ledger.credit(["g1"], score=0.0)
-        (1, 1)
-        >>> [(r.generation_id, r.reward, r.n_uses) for r in ledger.drain()]
+        >>> ledger.credit(["g1"], score=1.0)
+        1
+        >>> [(r.generation_id, r.reward, r.n_uses) for r in ledger.rewards()]
+        [('g1', 1.0, 1)]
+        >>> ledger.credit(["g1"], score=0.0)  # a later step: a failure counts -1
+        1
+        >>> [(r.generation_id, r.reward, r.n_uses) for r in ledger.rewards()]
         [('g1', 0.0, 2)]
+        >>> ledger.release(["g1"]), ledger.rewards()
+        (1, [])
     """
 
     def __init__(self, max_generations: int = 10_000) -> None:
@@ -68,14 +80,13 @@ class CreditLedger:
 
     def register(self, generation_id: str, prompt: str, output: Any,
                  kind: Literal["distill", "merge"], fixed_reward: float | None = None) -> None:
-        """Remember a generation; ``fixed_reward`` makes it drainable at once (format failures)."""
+        """Remember a generation; ``fixed_reward`` makes it readable at once (format failures)."""
         with self._lock:
             self._records[generation_id] = _Record(prompt, output, kind, fixed_reward=fixed_reward)
             while len(self._records) > self.max_generations:
                 victim = next((g for g, r in self._records.items()
-                               if r.n_uses == 0 and r.fixed_reward is None), None)
-                if victim is None:
-                    break
+                               if r.n_uses == 0 and r.fixed_reward is None),
+                              next(iter(self._records)))
                 del self._records[victim]
                 self.forgotten += 1
 
@@ -92,20 +103,37 @@ class CreditLedger:
                     credited += 1
         return credited
 
-    def drain(self, min_uses: int = 1) -> list[GenerationReward]:
-        """Take every generation used at least ``min_uses`` times (and fixed-reward ones)."""
-        out: list[GenerationReward] = []
+    def rewards(self, min_uses: int = 1) -> list[GenerationReward]:
+        """Every generation used at least ``min_uses`` times (and fixed-reward ones), with its
+        reward so far; the records stay, and keep collecting credit, until ``release``."""
         with self._lock:
-            for generation_id, record in list(self._records.items()):
-                if record.fixed_reward is not None:
-                    reward = record.fixed_reward
-                elif record.n_uses >= min_uses:
-                    reward = record.total / record.n_uses
-                else:
-                    continue
-                del self._records[generation_id]
-                out.append(GenerationReward(generation_id, record.prompt, record.output, reward,
-                                            record.n_uses, record.kind))
+            return self._ready(min_uses)
+
+    def release(self, generation_ids: Iterable[str]) -> int:
+        """Forget these generations (they were trained on); returns how many were known."""
+        with self._lock:
+            return sum(self._records.pop(g, None) is not None for g in set(generation_ids))
+
+    def drain(self, min_uses: int = 1) -> list[GenerationReward]:
+        """``rewards`` and ``release`` of what it returned, at once. A reader that drains every
+        step freezes each reward at its first step; the trainer uses ``rewards``/``release``."""
+        with self._lock:
+            out = self._ready(min_uses)
+            for reward in out:
+                del self._records[reward.generation_id]
+        return out
+
+    def _ready(self, min_uses: int) -> list[GenerationReward]:
+        out: list[GenerationReward] = []
+        for generation_id, record in self._records.items():
+            if record.fixed_reward is not None:
+                reward = record.fixed_reward
+            elif record.n_uses >= min_uses:
+                reward = record.total / record.n_uses
+            else:
+                continue
+            out.append(GenerationReward(generation_id, record.prompt, record.output, reward,
+                                        record.n_uses, record.kind))
         return out
 
     def __len__(self) -> int:

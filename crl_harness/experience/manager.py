@@ -19,7 +19,8 @@ Holds:
     in, at most every ``reindex_interval_s`` or at once during ``flush`` (deleted entries are
     filtered at once; new ones are searchable after the rebuild);
   - ``flush`` waits until every queued job is applied and indexed (call it before a rollout
-    phase); ``report_outcome`` and ``drain_generation_rewards`` carry the extractor's credit.
+    phase); ``report_outcome``, ``generation_rewards`` and ``release_generations`` carry the
+    extractor's credit (a generation's record stays until it is released, i.e. trained).
 
 Every public method takes and returns plain data, so the object can later run as a Ray actor.
 """
@@ -176,8 +177,10 @@ class ManagerConfig:
     max_transcript_chars: int = 12_000
     """Longer transcripts keep their head and tail."""
     parse_limits: ParseLimits = field(default_factory=ParseLimits)
-    format_failure_reward: float | None = -1.0
-    """Reward of a generation whose answer was malformed (None: such generations are dropped)."""
+    format_failure_reward: float | None = None
+    """Reward of a generation whose answer was malformed, which then joins the extractor's batch
+    (an opt-in format penalty, e.g. -1). None, the default as in the released code: such a
+    generation wrote nothing that could be used, so it is not trained."""
     max_pending_generations: int = 10_000
     reindex_interval_s: float = 30.0
     """A changed partition is re-indexed at most this often, and at once while ``flush`` waits.
@@ -358,8 +361,17 @@ class ExperienceManager:
         self.bank.sync_retrieval_stats()
         return True
 
+    def generation_rewards(self, min_uses: int = 1) -> list[GenerationReward]:
+        """Extractor generations whose entries were used (and, with a format penalty, malformed
+        ones), each with its mean credit so far; they stay until ``release_generations``."""
+        return self.ledger.rewards(min_uses)
+
+    def release_generations(self, generation_ids: Sequence[str]) -> int:
+        """Forget generations that were trained on; returns how many were awaiting training."""
+        return self.ledger.release(generation_ids)
+
     def drain_generation_rewards(self, min_uses: int = 1) -> list[GenerationReward]:
-        """Extractor generations whose entries were used (and malformed ones), with rewards."""
+        """``generation_rewards`` and their release at once (one-shot readers)."""
         return self.ledger.drain(min_uses)
 
     def set_extractor(self, extractor: Extractor) -> None:

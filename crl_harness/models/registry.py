@@ -112,9 +112,12 @@ def load_backend(spec: str, **options: Any) -> ModelBackend:
 
     ``hf:NAME_OR_PATH`` (short name, local directory, ``.gguf`` file or hub id),
     ``vllm:NAME_OR_PATH`` and ``openai:BASE_URL#MODEL``; ``options`` go to the backend's
-    constructor (e.g. ``device``, ``max_batch_size``, ``timeout``).
+    constructor (e.g. ``device``, ``dtype``, ``max_batch_size``, ``timeout``). ``dtype`` is
+    dropped for ``openai:``, whose server decides it.
     """
     kind, _, target = spec.partition(":")
+    if kind == "openai":
+        options.pop("dtype", None)
     if not target:
         raise ValueError(
             f"Bad model spec {spec!r}: use hf:NAME_OR_PATH, vllm:NAME_OR_PATH or "

@@ -96,17 +96,19 @@ class ExperienceService:
     """The bank (``run_dir/bank.sqlite``), an ``ExperienceManager`` and the extractor.
 
     ``extractor`` is a backend object (in one process: the very model the extractor learner
-    trains) or a backend spec (a Ray actor builds its own copy and receives new weights through
-    ``load_extractor_weights``).
+    trains) or a backend spec (a Ray actor builds its own copy, in ``dtype``,
+    and receives new weights through ``load_extractor_weights``). ``format_failure_reward``: the
+    opt-in reward of a malformed answer (None: not trained, see ``ManagerConfig``).
     """
 
     def __init__(self, run_dir: str | os.PathLike, config: ExperienceConfig,
                  extractor: ModelBackend | str, *, max_new_tokens: int, temperature: float,
-                 top_p: float, seed: int = 0, lora: Any = None) -> None:
+                 top_p: float, seed: int = 0, lora: Any = None, dtype: str = "auto",
+                 format_failure_reward: float | None = None) -> None:
         if isinstance(extractor, str):
             from crl_harness.models import load_backend
 
-            extractor = load_backend(extractor)
+            extractor = load_backend(extractor, dtype=dtype)
             if lora is not None and lora.enabled:
                 from crl_harness.training.learner import apply_lora
 
@@ -121,6 +123,7 @@ class ExperienceService:
             retrieval=RetrievalConfig(backend=config.retrieval),
             max_concurrent_extractions=config.max_concurrent_extractions,
             max_transcript_chars=config.max_transcript_chars,
+            format_failure_reward=format_failure_reward,
             seed=seed,
         ))
 
@@ -140,6 +143,14 @@ class ExperienceService:
 
     def merge_pass(self) -> int:
         return self.manager.merge_pass()
+
+    def generation_rewards(self) -> list[GenerationReward]:
+        """Used generations not trained yet, each with its mean credit so far."""
+        return self.manager.generation_rewards()
+
+    def release_generations(self, generation_ids: list[str]) -> int:
+        """Forget generations once the extractor was trained on them."""
+        return self.manager.release_generations(generation_ids)
 
     def drain_generation_rewards(self) -> list[GenerationReward]:
         return self.manager.drain_generation_rewards()

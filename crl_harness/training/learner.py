@@ -7,6 +7,20 @@ advantage and the token weight of "sequence-mean then batch-mean"), ``PolicyLear
 The log-probs are recomputed under the same temperature the tokens were sampled with, so the
 importance ratio starts at 1 for on-policy data (top-p truncation is not re-applied: with
 top_p < 1 the ratio is against the untruncated tempered distribution).
+
+Precision: the model keeps the dtype it was loaded in, which is what the rollouts run with
+(bfloat16 on a GPU). Every trainable parameter that is not fp32 gets an fp32 master copy; AdamW
+and the norm clip work on the masters, and after each step the model's parameter is its master
+rounded to the model's dtype. An update of 1e-6 (the released lr) is far below bf16's resolution
+(2^-8 relative), so without masters most of it would be rounded away every step; with them it
+accumulates until it shows. fp32 parameters (an fp32 model, LoRA adapters) are their own masters.
+float16 adds dynamic loss scaling, without which its gradients underflow.
+
+Old log-probs: ``recompute_old_logprobs`` takes the ratio's old log-probs from the learner
+instead of the sampler (on by default unless the model runs in fp32: in bf16 the sampler's
+cached step-by-step decoding and the learner's full forward pass differ; SmolLM2-135M on a CPU
+showed on-policy ratios of 0.80-1.22). The sampler's log-probs stay in the rows and their gap
+to the learner's is reported.
 """
 
 from __future__ import annotations
@@ -38,13 +52,19 @@ class TrainingRow:
 
 @dataclass
 class UpdateStats:
-    """What one update did, for the metrics."""
+    """What one update did, for the metrics.
+
+    ``logprob_gap_mean`` / ``logprob_gap_max``: mean and largest |learner - sampler| log-prob
+    over the trained tokens, measured before the step (the sampler/learner mismatch).
+    """
 
     loss: float
     clip_fraction: float
     grad_norm: float
     tokens: int
     rows: int
+    logprob_gap_mean: float = 0.0
+    logprob_gap_max: float = 0.0
 
 
 def apply_lora(model: Any, lora: LoRAConfig) -> Any:
@@ -57,24 +77,38 @@ def apply_lora(model: Any, lora: LoRAConfig) -> Any:
 
 
 class PolicyLearner:
-    """Trains ``model`` in place: AdamW, gradient accumulation over micro-batches, norm clipping.
+    """Trains ``model`` in place: AdamW on fp32 masters, gradient accumulation over
+    micro-batches, norm clipping (see the module docstring for precision and old log-probs).
 
     The model object is shared with the generating backend when both live in one process, so
     an update is visible to the next rollout at once; ``trainable_state_dict`` gives what a
-    remote copy needs (the adapters only, with LoRA).
+    remote copy or a checkpoint needs (fp32 masters; the adapters only, with LoRA).
+    ``recompute_old_logprobs=None`` turns recomputation on unless the model runs in fp32.
     """
 
     def __init__(self, model: Any, *, lr: float, max_grad_norm: float, temperature: float,
-                 micro_batch_size: int, lora: LoRAConfig | None = None) -> None:
+                 micro_batch_size: int, lora: LoRAConfig | None = None,
+                 recompute_old_logprobs: bool | None = None) -> None:
         self.base_model = model
         self.model = apply_lora(model, lora) if lora is not None and lora.enabled else model
         self.lora = lora if lora is not None and lora.enabled else None
         self.max_grad_norm = max_grad_norm
         self.temperature = temperature if temperature > 0 else 1.0
         self.micro_batch_size = micro_batch_size
+        self.dtype: torch.dtype = getattr(model, "dtype", None) or next(model.parameters()).dtype
+        self.recompute_old_logprobs = (self.dtype != torch.float32
+                                       if recompute_old_logprobs is None
+                                       else recompute_old_logprobs)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.parameters, lr=lr, weight_decay=0.0)
+        self.masters = [p if p.dtype == torch.float32 else p.detach().float()
+                        for p in self.parameters]
+        # (model parameter, its separate fp32 master): the pairs that need copying
+        self._copies = [(p, m) for p, m in zip(self.parameters, self.masters, strict=True)
+                        if m is not p]
+        self.optimizer = torch.optim.AdamW(self.masters, lr=lr, weight_decay=0.0)
         self.device = next(self.model.parameters()).device
+        self.scaler = torch.amp.GradScaler(self.device.type) \
+            if self.dtype == torch.float16 else None
 
     # ------------------------------------------------------------------ log-probs
     def token_logprobs(self, rows: Sequence[TrainingRow]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,42 +146,82 @@ class PolicyLearner:
         if not rows:
             return UpdateStats(0.0, 0.0, 0.0, 0, 0)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         order = sorted(rows, key=lambda r: len(r.prompt_ids) + len(r.completion_ids))
-        total_loss, clipped, tokens = 0.0, 0, 0
+        total_loss, clipped, tokens, gap_sum, gap_max = 0.0, 0, 0, 0.0, 0.0
         try:
             for start in range(0, len(order), self.micro_batch_size):
                 batch = order[start : start + self.micro_batch_size]
                 logprobs, mask = self.token_logprobs(batch)
                 K = logprobs.shape[1]
-                old = torch.zeros_like(logprobs)
+                sampler = torch.zeros_like(logprobs)
                 for i, r in enumerate(batch):
-                    old[i, K - len(r.old_logprobs):] = torch.tensor(r.old_logprobs)
+                    sampler[i, K - len(r.old_logprobs):] = torch.tensor(r.old_logprobs)
+                # One optimiser step per update, after every micro-batch: until then the weights
+                # are the old policy's, so its recomputed log-probs are this very pass's,
+                # detached (no second forward). Several steps per update would need that pass.
+                old = logprobs.detach() if self.recompute_old_logprobs else sampler
+                gap = (logprobs.detach() - sampler).abs() * mask
+                gap_sum += float(gap.sum())
+                gap_max = max(gap_max, float(gap.max()))
                 terms = loss_fn(
                     logprobs, old,
                     torch.tensor([r.advantage for r in batch], device=self.device),
                     mask,
                     token_weight=torch.tensor([r.token_weight for r in batch], device=self.device),
                 )
-                terms.loss.backward()
+                (terms.loss if self.scaler is None else self.scaler.scale(terms.loss)).backward()
                 total_loss += float(terms.loss.detach())
                 clipped += terms.clipped_tokens
                 tokens += terms.tokens
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
-            self.optimizer.step()
+            grad_norm = self._step()
         finally:
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
             self.model.eval()
-        return UpdateStats(total_loss, clipped / max(tokens, 1), float(grad_norm), tokens, len(rows))
+        return UpdateStats(total_loss, clipped / max(tokens, 1), grad_norm, tokens, len(rows),
+                           gap_sum / max(tokens, 1), gap_max)
+
+    def _step(self) -> float:
+        """Gradients to the fp32 masters, unscale (fp16), clip, AdamW, masters to the model."""
+        for p, m in self._copies:
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None  # the low-precision copy is not needed any more: free it now
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.masters, self.max_grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skipped when a gradient overflowed
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        with torch.no_grad():  # in place, under no_grad: bumps the version the KV reuse checks
+            for p, m in self._copies:
+                p.copy_(m)
+        return float(grad_norm)
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        for p, _ in self._copies:
+            p.grad = None
 
     # ------------------------------------------------------------------ weights
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """What changes in training: the whole model's weights, or only the LoRA adapters."""
+    def _live_state(self) -> dict[str, torch.Tensor]:
+        """The trainable state's tensors as they live in the model (sharing its storage)."""
         if self.lora is not None:
             from peft import get_peft_model_state_dict
 
-            return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.model).items()}
-        return {k: v.detach().cpu().clone() for k, v in self.base_model.state_dict().items()}
+            return get_peft_model_state_dict(self.model)
+        return self.base_model.state_dict()
+
+    def _masters_by_storage(self) -> dict[int, torch.Tensor]:
+        return {p.data_ptr(): m for p, m in self._copies}
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """What changes in training: the whole model's weights, or only the LoRA adapters;
+        fp32 masters where the model holds a rounded copy."""
+        masters = self._masters_by_storage()
+        return {k: masters.get(v.data_ptr(), v).detach().cpu().clone()
+                for k, v in self._live_state().items()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if self.lora is not None:
@@ -156,3 +230,21 @@ class PolicyLearner:
             set_peft_model_state_dict(self.model, state)
         else:
             self.base_model.load_state_dict(state, strict=True)
+        masters = self._masters_by_storage()
+        with torch.no_grad():  # the masters take the state's full precision, not the rounding
+            for key, live in self._live_state().items():
+                master = masters.get(live.data_ptr())
+                if master is not None and key in state:
+                    master.copy_(state[key])
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """AdamW's state (and the fp16 loss scaler's), for checkpoints."""
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])

@@ -58,14 +58,14 @@ class RolloutWorker:
     """A copy of the actor model and a rollout engine, in its own process."""
 
     def __init__(self, model: str, lora: LoRAConfig, rollout: RolloutConfig,
-                 service: Any = None, torch_threads: int = 1) -> None:
+                 service: Any = None, torch_threads: int = 1, dtype: str = "auto") -> None:
         import torch
 
         from crl_harness.models import load_backend
         from crl_harness.training.learner import apply_lora
 
         torch.set_num_threads(max(torch_threads, 1))
-        self.backend = load_backend(model)
+        self.backend = load_backend(model, dtype=dtype)
         self.lora = lora.enabled
         if self.lora:
             apply_lora(self.backend.model, lora)
@@ -151,7 +151,8 @@ class RayTrainer(Trainer):
         handle = actor_cls.remote(
             str(self.run_dir), cfg.experience, spec,
             max_new_tokens=cfg.extractor.max_new_tokens, temperature=cfg.extractor.temperature,
-            top_p=cfg.extractor.top_p, seed=cfg.run.seed, lora=cfg.extractor.lora)
+            top_p=cfg.extractor.top_p, seed=cfg.run.seed, lora=cfg.extractor.lora,
+            dtype=cfg.extractor.dtype, format_failure_reward=cfg.extractor.format_penalty)
         remote = _RemoteExperience(handle, cfg.extractor.lora.enabled)
         if self.extractor is not None:  # the driver's learner copy starts from the same weights
             remote.load_extractor_weights(self.extractor.trainable_state_dict())
@@ -164,7 +165,7 @@ class RayTrainer(Trainer):
         worker_cls = self._ray.remote(num_cpus=1)(RolloutWorker)
         service = self.experience.handle if self.experience is not None else None
         return RayRollouts([worker_cls.remote(cfg.actor.model, cfg.actor.lora, rollout, service,
-                                              cfg.run.torch_threads or 1)
+                                              cfg.run.torch_threads or 1, cfg.actor.dtype)
                             for _ in range(cfg.run.rollout_workers)])
 
     def _push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:

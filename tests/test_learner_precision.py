@@ -1,0 +1,131 @@
+"""PolicyLearner in low precision, on CPU with the tiny model: fp32 master weights make an update
+at the released lr (1e-6) land in bf16, recomputed old log-probs make on-policy ratios 1, and the
+sampler/learner log-prob gap is measured.
+
+The completions are sampled by ``HFBackend`` from the very model the learner trains, in the same
+dtype, as in a training run in one process.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from crl_harness.losses import LossTerms, cispo_loss, grpo_loss
+from crl_harness.models.hf import HFBackend
+from crl_harness.models.tiny import build_tiny_model
+from crl_harness.training.learner import PolicyLearner, TrainingRow
+
+torch.set_num_threads(1)
+
+ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+def _sampled(path, dtype: str) -> tuple[HFBackend, list[TrainingRow]]:
+    backend = HFBackend(path, dtype=dtype, device="cpu")
+    generations = backend.generate(
+        [[{"role": "user", "content": f"Which way to the goal, room {i}?"}] for i in range(4)],
+        max_new_tokens=12, temperature=1.0, seed=0)
+    rows = [TrainingRow(g.prompt_token_ids, g.token_ids, g.logprobs, a, 1 / (4 * g.num_tokens))
+            for g, a in zip(generations, ADVANTAGES, strict=True)]
+    return backend, rows
+
+
+def _learner(backend: HFBackend, **kwargs) -> PolicyLearner:
+    return PolicyLearner(backend.model, lr=1e-6, max_grad_norm=1.0, temperature=1.0,
+                         micro_batch_size=2, **kwargs)
+
+
+def _recording(loss, ratios: list[torch.Tensor]):
+    """``loss`` that also keeps each micro-batch's ratios of real tokens."""
+    def wrapped(logprobs, old_logprobs, advantages, mask, **kwargs) -> LossTerms:
+        ratios.append(torch.exp(logprobs.detach() - old_logprobs)[mask > 0])
+        return loss(logprobs, old_logprobs, advantages, mask, **kwargs)
+    return wrapped
+
+
+def test_bf16_update_at_lr_1e_6_changes_every_trainable_parameter_with_a_gradient(tiny):
+    backend, rows = _sampled(tiny, "bfloat16")
+    learner = _learner(backend)
+    assert learner.dtype == torch.bfloat16 and learner.parameters
+    assert all(m.dtype == torch.float32 for m in learner.masters)
+    before = [m.detach().clone() for m in learner.masters]
+    had_gradient: list[bool] = []
+    learner.optimizer.register_step_pre_hook(lambda *_: had_gradient.extend(
+        m.grad is not None and bool(m.grad.abs().sum() > 0) for m in learner.masters))
+
+    stats = learner.update(rows, grpo_loss)
+
+    assert stats.rows == 4 and stats.grad_norm > 0
+    assert sum(had_gradient) == len(learner.masters)  # every parameter of this model gets one
+    for master, old, grad in zip(learner.masters, before, had_gradient, strict=True):
+        if grad:
+            assert not torch.equal(master, old)
+    # The bf16 weights the rollouts use are the masters rounded: most of a 1e-6 step is below
+    # bf16's resolution, which is why it must accumulate in fp32.
+    for param, master in zip(learner.parameters, learner.masters, strict=True):
+        assert param.dtype == torch.bfloat16 and torch.equal(param, master.to(torch.bfloat16))
+
+
+def test_bf16_recomputed_old_logprobs_give_on_policy_ratios_of_one(tiny):
+    backend, rows = _sampled(tiny, "bfloat16")
+    learner = _learner(backend)
+    assert learner.recompute_old_logprobs  # the default in bf16
+    ratios: list[torch.Tensor] = []
+    stats = learner.update(rows, _recording(cispo_loss, ratios))
+    ratios_on = torch.cat(ratios)
+    assert torch.allclose(ratios_on, torch.ones_like(ratios_on), atol=1e-3)
+    assert stats.clip_fraction == 0.0
+    assert stats.logprob_gap_max >= stats.logprob_gap_mean > 0  # sampler and learner differ
+
+    # Off: the ratio is against the sampler's log-probs, off by exactly the reported gap.
+    backend, rows = _sampled(tiny, "bfloat16")
+    learner = _learner(backend, recompute_old_logprobs=False)
+    ratios = []
+    stats = learner.update(rows, _recording(cispo_loss, ratios))
+    log_ratios = torch.cat(ratios).log().abs()
+    assert float(log_ratios.max()) == pytest.approx(stats.logprob_gap_max, rel=1e-4)
+    assert float(log_ratios.mean()) == pytest.approx(stats.logprob_gap_mean, rel=1e-4)
+
+
+def test_fp32_keeps_the_samplers_logprobs_and_needs_no_masters(tiny):
+    backend, rows = _sampled(tiny, "float32")
+    learner = _learner(backend)
+    assert not learner.recompute_old_logprobs
+    assert all(m is p for m, p in zip(learner.masters, learner.parameters, strict=True))
+    stats = learner.update(rows, grpo_loss)
+    assert stats.logprob_gap_max < 1e-4  # the same numbers up to float rounding
+
+
+def test_fp16_update_scales_the_loss_and_keeps_fp32_masters(tiny):
+    backend, rows = _sampled(tiny, "float16")
+    learner = _learner(backend)
+    assert learner.scaler is not None and learner.recompute_old_logprobs
+    before = [m.detach().clone() for m in learner.masters]
+    stats = learner.update(rows, grpo_loss)
+    assert stats.rows == 4 and torch.isfinite(torch.tensor(stats.grad_norm))
+    assert all(not torch.equal(m, old) for m, old in zip(learner.masters, before, strict=True))
+    assert "scaler" in learner.optimizer_state()
+
+
+def test_checkpoint_state_carries_the_fp32_masters(tiny):
+    backend, rows = _sampled(tiny, "bfloat16")
+    learner = _learner(backend)
+    learner.update(rows, grpo_loss)
+    state = learner.trainable_state_dict()
+    assert all(v.dtype == torch.float32 for v in state.values())
+    masters = [m.detach().clone() for m in learner.masters]
+
+    other, _ = _sampled(tiny, "bfloat16")
+    restored = _learner(other)
+    restored.load_trainable_state_dict(state)
+    restored.load_optimizer_state(learner.optimizer_state())
+    for master, expected in zip(restored.masters, masters, strict=True):
+        assert torch.equal(master, expected)  # not the bf16 rounding of it
+    for param, master in zip(restored.parameters, restored.masters, strict=True):
+        assert torch.equal(param, master.to(torch.bfloat16))
