@@ -5,14 +5,17 @@ The models are the tiny random Llama of ``crl_harness.models.tiny``. The actor i
 (supervised steps, cached per machine) to answer ``<think>..</think><answer>MOVE</answer>`` most
 of the time; its sampled replies still break the format now and then, so rewards vary inside a
 group and GRPO has something to learn from. The extractor stays random: its answers fail to
-parse (counted as format failures, rewarded -1), so the bank is seeded before the run and the
-CISPO update is checked on generations with mixed rewards.
+parse (counted as format failures, not trained by default), so the bank is seeded before the run
+and the CISPO update is checked on generations with mixed rewards.
+
+bf16 runs here are on CPU (no GPU in the test environment): same code path, CPU kernels.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -150,6 +153,8 @@ def test_co_evolve_trains_both_models_fills_the_bank_and_writes_metrics(models, 
         assert key in last, key
     assert last["bank/size"] == len(seeded)  # the random extractor's answers never parse
     assert last["extractor/distillations"] >= 4 and last["extractor/format_failures"] >= 4
+    assert not any("loss/extractor" in r for r in records)  # malformed answers are not trained
+    assert all(r["actor/warmup"] == 0.0 and "actor/logprob_gap_mean" in r for r in records)
     assert all(r["experience/retrieved_per_guided"] == 1.0 for r in records)
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
 
@@ -177,6 +182,142 @@ def test_cispo_update_changes_the_extractor(models, tmp_path):
         assert any(not torch.equal(before[k], after[k]) for k in before)
     finally:
         trainer.close()
+
+
+def _generations(trainer: Trainer, n: int) -> list:
+    return trainer.experience.backend.generate(
+        [[{"role": "user", "content": f"Lessons, please ({i})."}] for i in range(n)],
+        max_new_tokens=16, temperature=1.0, seed=0)
+
+
+def _capture_rows(learner) -> list:
+    """The rows ``learner.update`` is given, kept as it runs."""
+    rows: list = []
+    update = learner.update
+
+    def capturing(batch, loss):
+        rows.extend(batch)
+        return update(batch, loss)
+
+    learner.update = capturing
+    return rows
+
+
+def test_extractor_advantage_is_reward_minus_batch_mean_one_sample_per_generation(models, tmp_path):
+    cfg = load_config(None, _overrides(models, tmp_path))
+    assert cfg.extractor.repeat_by_uses is False  # the paper's form is the default
+    trainer = Trainer(cfg)
+    try:
+        generations = _generations(trainer, 3)
+        rewards, uses = [1.0, -1.0, 0.5], [3, 1, 1]
+        buffer = [GenerationReward(f"g{i}", "p", g, r, n, "distill")
+                  for i, (g, r, n) in enumerate(zip(generations, rewards, uses, strict=True))]
+        rows = _capture_rows(trainer.extractor)
+        trainer._update_extractor(buffer)
+        mean = sum(rewards) / 3  # not weighted by uses
+        by_tokens = {tuple(r.completion_ids): r for r in rows}
+        for g, reward in zip(generations, rewards, strict=True):
+            row = by_tokens[tuple(g.token_ids)]
+            assert row.advantage == pytest.approx(reward - mean)
+            assert row.token_weight == pytest.approx(1 / (3 * g.num_tokens))  # one sample each
+
+        trainer.cfg.extractor.repeat_by_uses = True  # the documented option: one sample per use
+        rows.clear()
+        trainer._update_extractor(buffer)
+        weighted = (3 * 1.0 - 1.0 + 0.5) / 5
+        by_tokens = {tuple(r.completion_ids): r for r in rows}
+        for g, reward, n in zip(generations, rewards, uses, strict=True):
+            row = by_tokens.get(tuple(g.token_ids))
+            if reward == weighted:
+                assert row is None  # A = 0: nothing to train
+            else:
+                assert row.advantage == pytest.approx(reward - weighted)
+                assert row.token_weight == pytest.approx(n / (5 * g.num_tokens))
+    finally:
+        trainer.close()
+
+
+def test_generation_used_in_two_steps_is_trained_on_the_mean_of_both_uses(models, tmp_path):
+    cfg = load_config(None, _overrides(models, tmp_path) + ["extractor.train_after=2"])
+    trainer = Trainer(cfg)
+    try:
+        ledger = trainer.experience.manager.ledger
+        first, second = _generations(trainer, 2)
+        ledger.register("first", "p", first, "distill")
+        ledger.credit(["first"], score=1.0)  # a rollout of step 1 used what it wrote
+        assert trainer._extractor_step() is None  # one waiting, train_after=2: it stays
+        assert len(ledger) == 1
+        ledger.credit(["first"], score=0.0)  # step 2: used again, the episode failed (-1)
+        ledger.register("second", "p", second, "distill")
+        ledger.credit(["second"], score=1.0)
+        rows = _capture_rows(trainer.extractor)
+        stats = trainer._extractor_step()
+        assert stats is not None and stats.rows == 2
+        # first: mean(1, -1) = 0 (not 1, its reward at the end of step 1); second: 1.
+        by_tokens = {tuple(r.completion_ids): r.advantage for r in rows}
+        assert by_tokens[tuple(first.token_ids)] == pytest.approx(0.0 - 0.5)
+        assert by_tokens[tuple(second.token_ids)] == pytest.approx(1.0 - 0.5)
+        assert len(ledger) == 0  # trained: released
+    finally:
+        trainer.close()
+
+
+def test_malformed_extractor_answers_are_not_trained_by_default(models, tmp_path):
+    from crl_harness.experience import DistillationRequest
+
+    request = DistillationRequest("CRL/Sokoban-v0", "push the boxes", "...", False, 0.0, [], 1)
+    for penalty, waiting in ((None, []), (-1.0, [-1.0])):
+        overrides = _overrides(models, tmp_path / str(penalty))
+        if penalty is not None:
+            overrides.append(f"extractor.format_penalty={penalty}")
+        trainer = Trainer(load_config(None, overrides))
+        try:
+            trainer.experience.submit([request])  # the random extractor's answer never parses
+            trainer.experience.flush()
+            assert trainer.experience.stats()["format_failures"] == 1
+            assert [g.reward for g in trainer.experience.generation_rewards()] == waiting
+            if penalty is None:
+                assert trainer._extractor_step() is None
+        finally:
+            trainer.close()
+
+
+def test_warmup_retrieves_nothing_and_trains_neither_model(models, tmp_path):
+    _seed_bank(tmp_path)
+    cfg = load_config(None, _overrides(models, tmp_path) + ["actor.warmup_steps=1"])
+    Trainer(cfg).train()
+    warmup, after = read_metrics(tmp_path / "metrics.jsonl")
+    assert warmup["actor/warmup"] == 1.0 and after["actor/warmup"] == 0.0
+    # Step 1: no rollout retrieved (so no "guided" success), nothing trained or credited.
+    assert math.isnan(warmup["experience/retrieved_per_guided"])
+    assert math.isnan(warmup["success/guided"]) and warmup["rollout/episodes"] == 8
+    assert "loss/actor" not in warmup and "loss/extractor" not in warmup
+    assert warmup.get("extractor/generations_rewarded", 0.0) == 0.0
+    step1 = _weights(tmp_path / "checkpoints" / "step-000001" / "actor_hf")
+    initial = _weights(models[0])
+    assert all(torch.equal(initial[k], step1[k]) for k in initial)
+    # The guided slots of step 1 were still distilled (the bank fills during warm-up).
+    assert after["extractor/distillations"] >= 4
+    assert after["experience/retrieved_per_guided"] == 1.0 and "loss/actor" in after
+
+
+def test_bf16_run_on_cpu_updates_every_weight_at_lr_1e_6_with_ratios_one(models, tmp_path):
+    cfg = load_config(None, _overrides(models, tmp_path, arm="none", steps=1)
+                      + ["actor.dtype=bfloat16", "actor.lr=1e-6"])
+    trainer = Trainer(cfg)
+    assert trainer.actor.dtype == torch.bfloat16 and trainer.actor.recompute_old_logprobs
+    metrics = trainer.train()
+    assert metrics["loss/actor"] != 0.0 or metrics["grad_norm/actor"] > 0
+    assert metrics["clip/actor"] == 0.0  # on-policy ratios are 1: nothing is clipped
+    assert metrics["actor/logprob_gap_max"] >= metrics["actor/logprob_gap_mean"] >= 0.0
+    [record] = read_metrics(tmp_path / "metrics.jsonl")
+    assert "actor/logprob_gap_mean" in record and "actor/logprob_gap_max" in record
+    saved = torch.load(tmp_path / "checkpoints" / "step-000001" / "actor.pt",
+                       weights_only=False)["model"]
+    initial = _weights(models[0])
+    for key, value in initial.items():  # fp32 masters moved off the bf16 start, every tensor
+        assert saved[key].dtype == torch.float32
+        assert not torch.equal(saved[key], value.to(torch.bfloat16).float()), key
 
 
 @pytest.mark.parametrize("arm", ["static", "none"])
