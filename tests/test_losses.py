@@ -82,6 +82,24 @@ def test_cispo_asymmetric_clip():
     assert terms.clipped_tokens == 0  # every ratio in [0.4, 2.0]
 
 
+def test_extractor_advantages_one_sample_per_generation():
+    # the paper's form: A = reward - batch mean, every generation counted once
+    adv = extractor_advantages([1.0, -1.0, 0.5, -1.0])
+    assert torch.allclose(adv, torch.tensor([1.125, -0.875, 0.625, -0.875]))
+
+
+def test_recomputed_old_logprobs_make_the_ratio_one_and_keep_the_gradient():
+    """Old log-probs recomputed by the learner, before its step: the ratio is 1, nothing is
+    clipped, and both losses reduce to the policy gradient -A * grad log pi (sequence-mean)."""
+    for loss in (grpo_loss, cispo_loss):
+        logprobs = LOGPROBS.clone().requires_grad_(True)
+        terms = loss(logprobs, logprobs.detach(), ADVANTAGES, MASK)
+        terms.loss.backward()
+        assert terms.clipped_tokens == 0
+        expected = -ADVANTAGES[:, None] * MASK / MASK.sum(dim=1, keepdim=True) / 2
+        assert torch.allclose(logprobs.grad, expected)
+
+
 def test_extractor_advantages_weighted_baseline():
     # weights [3, 1]: baseline (3*1 + 1*(-1))/4 = 0.5
     adv = extractor_advantages([1.0, -1.0], weights=[3, 1])
