@@ -129,3 +129,23 @@ def test_checkpoint_state_carries_the_fp32_masters(tiny):
         assert torch.equal(master, expected)  # not the bf16 rounding of it
     for param, master in zip(restored.parameters, restored.masters, strict=True):
         assert torch.equal(param, master.to(torch.bfloat16))
+
+
+def test_bf16_base_with_lora_trains_fp32_adapters_and_freezes_the_base(tiny):
+    from crl_harness.config import LoRAConfig
+
+    backend, rows = _sampled(tiny, "bfloat16")
+    base_before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    learner = _learner(backend, lora=LoRAConfig(enabled=True, r=4))
+    assert learner.recompute_old_logprobs and learner.parameters
+    assert all(m is p and p.dtype == torch.float32  # the adapters are their own masters
+               for m, p in zip(learner.masters, learner.parameters, strict=True))
+    before = learner.trainable_state_dict()
+    stats = learner.update(rows, grpo_loss)
+    assert stats.rows == 4 and stats.grad_norm > 0
+    after = learner.trainable_state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in after)
+    base_after = {k.replace(".base_layer", ""): v
+                  for k, v in learner.base_model.state_dict().items() if "lora_" not in k}
+    assert base_after.keys() == base_before.keys()
+    assert all(torch.equal(base_before[k], v) for k, v in base_after.items())
