@@ -89,7 +89,8 @@ class Trainer:
         (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
 
         # The actor: a backend that generates and a learner that trains the same model object.
-        self.actor_backend = load_backend(cfg.actor.model, dtype=cfg.actor.dtype)
+        self.actor_backend = load_backend(cfg.actor.model, dtype=cfg.actor.dtype,
+                                          kv_cache_tokens=cfg.actor.kv_cache_tokens)
         self.actor = PolicyLearner(
             self.actor_backend.model, lr=cfg.actor.lr, max_grad_norm=cfg.actor.max_grad_norm,
             temperature=cfg.actor.temperature, micro_batch_size=cfg.actor.micro_batch_size,

@@ -57,6 +57,7 @@ def test_overrides_reach_nested_and_list_keys():
     (["tasks.envs.0.id=CRL/Chess-v0"], "tasks.envs.0.id"),
     (["tasks.guided_per_group=9"], "tasks.guided_per_group"),
     (["run.steps=0"], "run.steps"),
+    (["actor.kv_cache_tokens=0"], "actor.kv_cache_tokens"),
     (["nonsense.key=1"], "nonsense"),
 ])
 def test_errors_name_the_bad_key(override, key):

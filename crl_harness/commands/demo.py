@@ -88,5 +88,5 @@ def train_and_evaluate(episodes: int) -> int:
         "--agent", f"hf:{actor}", "--envs", env_id, "--episodes", str(episodes),
         "--experience", str(run_dir / "bank.sqlite"), "--temperature", "0",
         "--max-new-tokens", str(cfg.actor.max_new_tokens),
-        "--history", str(cfg.actor.history if cfg.actor.history is not None else 1),
+        *(["--history", str(cfg.actor.history)] if cfg.actor.history is not None else []),
         "--out", str(run_dir / "eval")]))

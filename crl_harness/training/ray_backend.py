@@ -58,14 +58,15 @@ class RolloutWorker:
     """A copy of the actor model and a rollout engine, in its own process."""
 
     def __init__(self, model: str, lora: LoRAConfig, rollout: RolloutConfig,
-                 service: Any = None, torch_threads: int = 1, dtype: str = "auto") -> None:
+                 service: Any = None, torch_threads: int = 1, dtype: str = "auto",
+                 kv_cache_tokens: int = 65_536) -> None:
         import torch
 
         from crl_harness.models import load_backend
         from crl_harness.training.learner import apply_lora
 
         torch.set_num_threads(max(torch_threads, 1))
-        self.backend = load_backend(model, dtype=dtype)
+        self.backend = load_backend(model, dtype=dtype, kv_cache_tokens=kv_cache_tokens)
         self.lora = lora.enabled
         if self.lora:
             apply_lora(self.backend.model, lora)
@@ -165,7 +166,8 @@ class RayTrainer(Trainer):
         worker_cls = self._ray.remote(num_cpus=1)(RolloutWorker)
         service = self.experience.handle if self.experience is not None else None
         return RayRollouts([worker_cls.remote(cfg.actor.model, cfg.actor.lora, rollout, service,
-                                              cfg.run.torch_threads or 1, cfg.actor.dtype)
+                                              cfg.run.torch_threads or 1, cfg.actor.dtype,
+                                              cfg.actor.kv_cache_tokens)
                             for _ in range(cfg.run.rollout_workers)])
 
     def _push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:
