@@ -136,6 +136,9 @@ def test_hardening_bad_cache_settings_and_overlong_prompts(tiny_dir):
     with pytest.raises(ValueError, match="max_tokens"):
         PrefixStore(0)
     backend = HFBackend(tiny_dir, max_context=64)
+    assert backend.generate_from_ids([], max_new_tokens=4, temperature=1.0) == []
+    with pytest.raises(ValueError, match="at least one token"):
+        backend.generate_from_ids([[5, 6], []], max_new_tokens=4, temperature=1.0)
     with pytest.raises(ValueError, match="exceeds the model's context"):
         backend.generate([[{"role": "user", "content": "x " * 200}]], max_new_tokens=4,
                          temperature=1.0)

@@ -198,6 +198,10 @@ class HFBackend:
 
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+        if not prompt_ids:
+            return []
+        if not all(prompt_ids):
+            raise ValueError("Every prompt needs at least one token.")
         width = max(len(p) for p in prompt_ids)
         if width + max_new_tokens > self.max_context:
             raise ValueError(
