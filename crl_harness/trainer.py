@@ -51,6 +51,7 @@ from crl_harness.training.checkpoint import Checkpointer, rng_state, set_rng_sta
 from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats
 from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
+from crl_harness.training.packing import pack_turns
 from crl_harness.training.sampler import TaskSampler
 
 __all__ = ["Trainer", "ResumeError", "make_trainer"]
@@ -209,7 +210,10 @@ class Trainer:
         ]
 
     def _actor_rows(self, trajectories: list[Trajectory]) -> list[TrainingRow]:
-        """One row per turn; the trajectory is the sequence of "sequence-mean then batch-mean"."""
+        """One row per trajectory when its prompts only grow (``pack_turns``), else one per
+        turn; either way every row of a trajectory carries its token weight, the trajectory
+        being the sequence of "sequence-mean then batch-mean"."""
+        self.packed_fraction = float("nan")  # of the trajectories trained this step
         if not trajectories:
             return []
         advantages = subgroup_advantages(
@@ -218,13 +222,18 @@ class Trainer:
             normalize_std=self.cfg.actor.normalize_std)
         weights = sequence_token_weights(
             torch.tensor([t.generated_tokens for t in trajectories]))
-        rows = []
+        rows, trained, packed = [], 0, 0
         for traj, advantage, weight in zip(trajectories, advantages.tolist(), weights.tolist(),
                                            strict=True):
             if advantage == 0.0:  # contributes exactly nothing to the loss or its gradient
                 continue
-            rows.extend(TrainingRow(turn.prompt_token_ids, turn.token_ids, turn.logprobs,
-                                    advantage, weight) for turn in traj.turns if turn.token_ids)
+            parts = pack_turns(traj.turns)
+            trained += bool(parts)
+            packed += bool(parts) and parts[0].packed
+            rows.extend(TrainingRow(p.prompt_ids, p.completion_ids, p.old_logprobs, advantage,
+                                    weight, p.completion_mask) for p in parts)
+        if trained:
+            self.packed_fraction = packed / trained
         return rows
 
     def _extractor_step(self) -> UpdateStats | None:
@@ -297,6 +306,8 @@ class Trainer:
             # sampler vs learner log-probs of the trained tokens, before the step
             m["actor/logprob_gap_mean"] = actor.logprob_gap_mean
             m["actor/logprob_gap_max"] = actor.logprob_gap_max
+            # trajectories trained as one packed row (the rest: one row per turn)
+            m["actor/packed_fraction"] = self.packed_fraction
         if extractor is not None:
             m["loss/extractor"] = extractor.loss
             m["clip/extractor"] = extractor.clip_fraction

@@ -3,6 +3,8 @@
 - ``sampler``: ``TaskSampler``, which env and seed each group of a step gets (mixture weights).
 - ``learner``: ``PolicyLearner``, differentiable log-probs of generated tokens and one optimiser
   update of a causal LM from a loss function (the actor's GRPO, the extractor's CISPO).
+- ``packing``: ``pack_turns``, a multi-turn trajectory as one row (observations masked out) when
+  its prompts only grow, else one row per turn.
 - ``checkpoint``: atomic checkpoints (models, optimisers, bank, RNG states, step) and resume.
 - ``metrics``: per-step metrics to JSONL and TensorBoard, and the learning-curve plot.
 """

@@ -1,8 +1,8 @@
 """``PolicyLearner``: one optimiser update of a causal LM from sampled completions and a loss.
 
 Holds ``TrainingRow`` (one prompt + its generated tokens, their sampling log-probs, the
-advantage and the token weight of "sequence-mean then batch-mean"), ``PolicyLearner`` and
-``apply_lora``.
+advantage and the token weight of "sequence-mean then batch-mean"; a packed episode's row
+masks its observations out with ``completion_mask``), ``PolicyLearner`` and ``apply_lora``.
 
 The log-probs are recomputed under the same temperature the tokens were sampled with, so the
 importance ratio starts at 1 for on-policy data (top-p truncation is not re-applied: with
@@ -41,13 +41,35 @@ LossFn = Callable[..., LossTerms]
 
 @dataclass
 class TrainingRow:
-    """One forward row: a prompt, the tokens the model generated after it, and their credit."""
+    """One forward row: a prompt, the tokens the model generated after it, and their credit.
+
+    ``completion_mask`` (a packed episode, ``crl_harness.training.packing``): one flag per
+    completion token, 1 = trained, 0 = context only (an observation between two replies);
+    ``old_logprobs`` still has one value per completion token (any value where the mask is 0).
+    ``None``: every completion token is trained.
+    """
 
     prompt_ids: list[int]
     completion_ids: list[int]
     old_logprobs: list[float]
     advantage: float
     token_weight: float
+    completion_mask: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.completion_mask is not None and not (
+                len(self.completion_mask) == len(self.old_logprobs) == len(self.completion_ids)):
+            raise ValueError(
+                f"a masked row needs one mask flag and one old log-prob per completion token: "
+                f"{len(self.completion_ids)} tokens, {len(self.completion_mask)} flags, "
+                f"{len(self.old_logprobs)} log-probs")
+
+    @property
+    def trained_tokens(self) -> int:
+        """How many completion tokens the loss sees."""
+        if self.completion_mask is None:
+            return len(self.completion_ids)
+        return sum(1 for flag in self.completion_mask if flag)
 
 
 @dataclass
@@ -71,8 +93,15 @@ def apply_lora(model: Any, lora: LoRAConfig) -> Any:
     """Inject LoRA adapters (peft) into ``model`` in place; only they stay trainable."""
     from peft import LoraConfig, get_peft_model
 
+    layers = None
+    if lora.top_layers:
+        total = model.config.num_hidden_layers
+        if lora.top_layers > total:
+            raise ValueError(f"lora.top_layers={lora.top_layers} but the model has {total} layers")
+        layers = list(range(total - lora.top_layers, total))
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
+                        layers_to_transform=layers)
     return get_peft_model(model, config)
 
 
@@ -113,10 +142,11 @@ class PolicyLearner:
     # ------------------------------------------------------------------ log-probs
     def token_logprobs(self, rows: Sequence[TrainingRow]) -> tuple[torch.Tensor, torch.Tensor]:
         """Differentiable log-probs of each row's completion tokens, right-aligned: (rows, K)
-        with K the longest completion, and the mask of real tokens."""
+        with K the longest completion, and the mask of the trained tokens (a row's
+        ``completion_mask``, else all its completion tokens). Where the mask is 0 the log-prob is
+        0 or that of a context token: losses and metrics must read it through the mask."""
         width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
         K = max(len(r.completion_ids) for r in rows)
-        # Left padding puts every completion at the end, so only the last K+1 logits are needed.
         pad = 0
         input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
@@ -125,14 +155,27 @@ class PolicyLearner:
             ids = r.prompt_ids + r.completion_ids
             input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             attention[i, width - len(ids):] = 1
-            mask[i, K - len(r.completion_ids):] = 1.0
+            flags = r.completion_mask if r.completion_mask is not None else 1.0
+            mask[i, K - len(r.completion_ids):] = torch.as_tensor(flags, dtype=torch.float32)
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        # Left padding puts every completion at the end, so only the last K+1 logits are needed;
+        # with packed rows (long completions, mostly observations) only the columns some row
+        # trains: the logits of a whole episode would be (K, vocab) per row.
+        columns = mask.any(dim=0).nonzero()[:, 0]
+        if len(columns) == K:
+            keep: int | torch.Tensor = K + 1
+        else:
+            keep = (width - K - 1 + columns).to(self.device)  # the logit before each target
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         use_cache=False, logits_to_keep=K + 1)
-        logits = out.logits[:, :-1, :].float() / self.temperature
-        targets = input_ids[:, width - K:]
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+                         use_cache=False, logits_to_keep=keep)
+        logits = out.logits[:, :len(columns), :].float() / self.temperature
+        columns = columns.to(self.device)
+        targets = input_ids[:, width - K:].index_select(1, columns)
+        kept = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+        if len(columns) == K:
+            return kept, mask.to(self.device)
+        logprobs = kept.new_zeros((len(rows), K)).index_copy(1, columns, kept)
         return logprobs, mask.to(self.device)
 
     # ------------------------------------------------------------------ update
@@ -142,7 +185,7 @@ class PolicyLearner:
         ``loss_fn(logprobs, old_logprobs, advantages, mask, token_weight=...)`` is a loss of
         ``crl_harness.losses`` with its hyperparameters bound.
         """
-        rows = [r for r in rows if r.completion_ids]
+        rows = [r for r in rows if r.trained_tokens]
         if not rows:
             return UpdateStats(0.0, 0.0, 0.0, 0, 0)
         self.model.train()
@@ -157,6 +200,10 @@ class PolicyLearner:
                 sampler = torch.zeros_like(logprobs)
                 for i, r in enumerate(batch):
                     sampler[i, K - len(r.old_logprobs):] = torch.tensor(r.old_logprobs)
+                # Untrained positions get the learner's own values: ratio 1 and gap 0 there, so
+                # whatever a row put in them (0.0 for a packed row's observations) never reaches
+                # the loss as an inf or a NaN.
+                sampler = torch.where(mask > 0, sampler, logprobs.detach())
                 # One optimiser step per update, after every micro-batch: until then the weights
                 # are the old policy's, so its recomputed log-probs are this very pass's,
                 # detached (no second forward). Several steps per update would need that pass.

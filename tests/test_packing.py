@@ -1,0 +1,273 @@
+"""Packed episodes: a full-history trajectory trained as one row gives the per-turn rows'
+log-probs, GRPO loss and gradient; slid windows and re-tokenised replies fall back to one row
+per turn; masked tokens never reach the loss or the metrics; the trainer's rows and metric."""
+
+from __future__ import annotations
+
+import doctest
+import math
+import random
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from crl_harness.losses import grpo_loss, sequence_token_weights  # noqa: E402
+from crl_harness.models import HFBackend  # noqa: E402
+from crl_harness.models.base import Generation, encode_chat  # noqa: E402
+from crl_harness.models.tiny import build_tiny_model  # noqa: E402
+from crl_harness.rollout import EpisodeSpec, RolloutEngine, Trajectory, Turn  # noqa: E402
+from crl_harness.trainer import Trainer  # noqa: E402
+from crl_harness.training import packing  # noqa: E402
+from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats  # noqa: E402
+from crl_harness.training.packing import pack_turns  # noqa: E402
+
+torch.set_num_threads(1)
+
+SOKOBAN = "CRL/Sokoban-v0"
+MOVES = ["up", "left", "down", "right"]
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    return HFBackend(build_tiny_model(tmp_path_factory.mktemp("pack") / "tiny"), dtype="float32",
+                     device="cpu")
+
+
+class _Scripted:
+    """A backend double that answers with well-formed replies (the tiny model's samples never
+    re-tokenise to themselves) and the tiny model's own log-probs of them, jittered so that the
+    sampler and the learner differ and some tokens clip."""
+
+    def __init__(self, backend: HFBackend, seed: int) -> None:
+        self.backend, self.rng = backend, random.Random(seed)
+        self.max_context = backend.max_context
+
+    def count_tokens(self, messages) -> int:
+        return self.backend.count_tokens(messages)
+
+    def generate(self, prompts, **_) -> list[Generation]:
+        tokenizer, out = self.backend.tokenizer, []
+        for messages in prompts:
+            prompt = encode_chat(tokenizer, messages)
+            move = self.rng.choice(MOVES)
+            text = f"<think>I try {move}.</think><answer>{move}</answer>"
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            with torch.no_grad():
+                logits = self.backend.model(input_ids=torch.tensor([prompt + ids])).logits
+            logps = torch.log_softmax(logits[0, len(prompt) - 1:-1].float(), dim=-1)
+            true = logps.gather(-1, torch.tensor(ids)[:, None])[:, 0].tolist()
+            jittered = [lp + self.rng.uniform(-0.4, 0.4) for lp in true]
+            out.append(Generation(text, prompt, ids, jittered, "stop"))
+        return out
+
+
+def _play(backend: HFBackend, seed: int, history: int | None = None) -> Trajectory:
+    engine = RolloutEngine(_Scripted(backend, seed), max_new_tokens=64, history=history,
+                           env_kwargs={SOKOBAN: {"max_episode_steps": 4}})
+    [traj] = engine.run([EpisodeSpec(SOKOBAN, seed=seed)])
+    engine.close()
+    assert not traj.error and len(traj.turns) >= 3
+    return traj
+
+
+def _learner(backend: HFBackend, micro_batch_size: int = 3) -> PolicyLearner:
+    return PolicyLearner(backend.model, lr=1e-3, max_grad_norm=1e9, temperature=1.0,
+                         micro_batch_size=micro_batch_size, recompute_old_logprobs=False)
+
+
+def _rows(trajectories: list[Trajectory], advantages: list[float], packed: bool) -> list[TrainingRow]:
+    """Each trajectory's rows with its advantage and its "sequence-mean then batch-mean" weight."""
+    weights = sequence_token_weights(torch.tensor([t.generated_tokens for t in trajectories]))
+    rows = []
+    for traj, a, w in zip(trajectories, advantages, weights.tolist(), strict=True):
+        if packed:
+            [part] = pack_turns(traj.turns)
+            assert part.packed
+            rows.append(TrainingRow(part.prompt_ids, part.completion_ids, part.old_logprobs, a,
+                                    w, part.completion_mask))
+        else:
+            rows += [TrainingRow(t.prompt_token_ids, t.token_ids, t.logprobs, a, w)
+                     for t in traj.turns]
+    return rows
+
+
+def _trained_logprobs(learner: PolicyLearner, rows: list[TrainingRow]) -> list[float]:
+    """The learner's log-probs of every trained token, row by row, in order."""
+    with torch.no_grad():
+        logprobs, mask = learner.token_logprobs(rows)
+    return logprobs[mask > 0].tolist()
+
+
+def _loss_and_gradient(learner: PolicyLearner, rows: list[TrainingRow]) -> tuple[float, torch.Tensor]:
+    """GRPO (sampler old log-probs, the rows' weights) in one batch, and its flat gradient."""
+    learner.model.zero_grad(set_to_none=True)
+    logprobs, mask = learner.token_logprobs(rows)
+    K = logprobs.shape[1]
+    old = torch.zeros_like(logprobs)
+    for i, r in enumerate(rows):
+        old[i, K - len(r.old_logprobs):] = torch.tensor(r.old_logprobs)
+    terms = grpo_loss(logprobs, old, torch.tensor([r.advantage for r in rows]), mask,
+                      token_weight=torch.tensor([r.token_weight for r in rows]))
+    terms.loss.backward()
+    gradient = torch.cat([p.grad.flatten() for p in learner.parameters if p.grad is not None])
+    learner.model.zero_grad(set_to_none=True)
+    return float(terms.loss.detach()), gradient
+
+
+def test_module_examples_run():
+    assert doctest.testmod(packing).failed == 0
+
+
+def test_full_history_episode_is_one_row_with_the_per_turn_logprobs_loss_and_gradient(backend):
+    trajectories = [_play(backend, seed=0), _play(backend, seed=1)]
+    first = trajectories[0]
+    [part] = pack_turns(first.turns)
+    assert part.prompt_ids == first.turns[0].prompt_token_ids
+    assert part.prompt_ids + part.completion_ids == first.turns[-1].input_ids
+    assert sum(part.completion_mask) == first.generated_tokens
+    assert part.completion_mask[0] == 1 and part.completion_mask[-1] == 1  # reply to reply
+    assert [lp for lp, m in zip(part.old_logprobs, part.completion_mask, strict=True) if m] == \
+        [lp for t in first.turns for lp in t.logprobs]
+
+    learner = _learner(backend)
+    per_turn = _rows(trajectories, [0.7, -0.4], packed=False)
+    packed = _rows(trajectories, [0.7, -0.4], packed=True)
+    assert len(packed) == 2 and len(per_turn) == sum(len(t.turns) for t in trajectories)
+    assert sum(len(r.prompt_ids) + len(r.completion_ids) for r in packed) < \
+        sum(len(r.prompt_ids) + len(r.completion_ids) for r in per_turn) / 2
+
+    # Per-token log-probs: alone, in one batch, and batched with per-turn rows (the learner
+    # keeps only the logits some row trains, a union of columns).
+    reference = _trained_logprobs(learner, per_turn)
+    assert _trained_logprobs(learner, packed) == pytest.approx(reference, abs=1e-5)
+    assert sum((_trained_logprobs(learner, [r]) for r in packed), []) == \
+        pytest.approx(reference, abs=1e-5)
+    mixed = _trained_logprobs(learner, [packed[0]] + per_turn[len(first.turns):])
+    assert mixed == pytest.approx(reference, abs=1e-5)
+
+    # The GRPO loss and its gradient: the jittered old log-probs clip some tokens.
+    loss_turns, grad_turns = _loss_and_gradient(learner, per_turn)
+    loss_packed, grad_packed = _loss_and_gradient(learner, packed)
+    assert loss_packed == pytest.approx(loss_turns, abs=1e-5)
+    assert grad_turns.abs().max() > 1e-3
+    assert torch.allclose(grad_packed, grad_turns, atol=1e-5, rtol=0)
+
+
+def test_update_statistics_are_those_of_the_per_turn_rows(tmp_path):
+    # Each formulation updates its own copy of the model (an update steps the weights).
+    directory = build_tiny_model(tmp_path / "tiny")
+    copies = [HFBackend(directory, dtype="float32", device="cpu") for _ in range(2)]
+    trajectories = [_play(copies[0], seed=2), _play(copies[0], seed=3)]
+    per_turn = _rows(trajectories, [1.0, -1.0], packed=False)
+    packed = _rows(trajectories, [1.0, -1.0], packed=True)
+    turns_stats = _learner(copies[0]).update(per_turn, grpo_loss)
+    packed_stats = _learner(copies[1]).update(packed, grpo_loss)
+    assert packed_stats.rows == 2 and turns_stats.rows == len(per_turn)
+    assert packed_stats.tokens == turns_stats.tokens == sum(t.generated_tokens for t in trajectories)
+    assert packed_stats.loss == pytest.approx(turns_stats.loss, abs=1e-5)
+    assert packed_stats.clip_fraction == turns_stats.clip_fraction > 0
+    assert packed_stats.grad_norm == pytest.approx(turns_stats.grad_norm, rel=1e-4)
+    assert packed_stats.logprob_gap_mean == pytest.approx(turns_stats.logprob_gap_mean, abs=1e-5)
+    assert packed_stats.logprob_gap_max == pytest.approx(turns_stats.logprob_gap_max, abs=1e-5)
+
+
+def test_history_window_keeps_one_row_per_turn(backend):
+    traj = _play(backend, seed=0, history=1)
+    # The third prompt has dropped the first turn: not an extension of the second one.
+    assert not traj.turns[2].prompt_token_ids[:len(traj.turns[1].input_ids)] == \
+        traj.turns[1].input_ids
+    parts = pack_turns(traj.turns)
+    assert [(p.prompt_ids, p.completion_ids, p.old_logprobs, p.packed) for p in parts] == \
+        [(t.prompt_token_ids, t.token_ids, t.logprobs, False) for t in traj.turns]
+
+
+def test_reply_not_a_prefix_of_the_next_prompt_falls_back(backend):
+    turns = _play(backend, seed=0).turns
+    assert pack_turns(turns)[0].packed
+    # The second reply as the same text in other ids (one token per character): it decodes
+    # the same, but the next prompt holds its canonical ids.
+    tokenizer = backend.tokenizer
+    spelled = [i for ch in turns[1].text for i in tokenizer(ch, add_special_tokens=False)["input_ids"]]
+    spelled.append(tokenizer.eos_token_id)
+    assert tokenizer.decode(spelled, skip_special_tokens=True) == turns[1].text
+    assert spelled != turns[1].token_ids
+    odd = [turns[0], replace(turns[1], token_ids=spelled, logprobs=[-1.0] * len(spelled)),
+           *turns[2:]]
+    parts = pack_turns(odd)
+    assert len(parts) == len(turns) and not any(p.packed for p in parts)
+    assert [p.completion_ids for p in parts] == [t.token_ids for t in odd]
+
+
+def test_turns_without_tokens_are_left_out():
+    def turn(prompt: list[int], ids: list[int]) -> Turn:
+        return Turn(prompt, ids, [-0.5] * len(ids), "")
+
+    turns = [turn([1, 2], []), turn([1, 2, 7], [3, 4]), turn([1, 2, 7, 3, 4, 8], []),
+             turn([1, 2, 7, 3, 4, 8, 9], [5]), turn([1, 2, 7, 3, 4, 8, 9, 5, 6], [])]
+    [row] = pack_turns(turns)
+    # The row starts at the first reply and ends with the last one.
+    assert row.prompt_ids == [1, 2, 7]
+    assert row.completion_ids == [3, 4, 8, 9, 5] and row.completion_mask == [1, 1, 0, 0, 1]
+    assert row.old_logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5]
+    assert pack_turns([turn([1], []), turn([1, 2], [])]) == []
+    [single] = pack_turns([turn([1, 2], [3])])
+    assert single.packed and single.completion_mask == [1]
+
+
+def test_masked_tokens_reach_neither_the_loss_nor_the_metrics(backend):
+    learner = _learner(backend, micro_batch_size=4)
+    prompt, completion = [5, 6, 7, 8], [9, 10, 11, 12, 13, 14]
+    mask = [1, 1, 0, 0, 0, 1]
+    with torch.no_grad():
+        logprobs, got = learner.token_logprobs([TrainingRow(prompt, completion, [0.0] * 6, 1.0, 1.0,
+                                                            mask)])
+    assert got[0].tolist() == [float(m) for m in mask]
+
+    def stats(masked_old: float):
+        old = [-2.0, -3.0, masked_old, masked_old, masked_old, -4.0]
+        return learner.update([TrainingRow(prompt, completion, old, 1.0, 1 / 3, mask)], grpo_loss)
+
+    model_state = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    a = stats(0.0)
+    backend.model.load_state_dict(model_state)
+    b = stats(1e30)  # would overflow the ratio if it were read
+    backend.model.load_state_dict(model_state)
+    assert a.tokens == b.tokens == 3
+    assert a.loss == b.loss and a.clip_fraction == b.clip_fraction
+    assert a.logprob_gap_mean == b.logprob_gap_mean and a.logprob_gap_max == b.logprob_gap_max
+    assert math.isfinite(a.loss) and math.isfinite(a.grad_norm)
+    # A row whose mask trains nothing is not a row of the update.
+    assert learner.update([TrainingRow(prompt, completion, [0.0] * 6, 1.0, 1.0, [0] * 6)],
+                          grpo_loss).rows == 0
+    with pytest.raises(ValueError, match="one mask flag"):
+        TrainingRow(prompt, completion, [0.0] * 6, 1.0, 1.0, [1, 0])
+
+
+def test_trainer_rows_pack_what_packs_and_report_the_fraction(backend):
+    full, window = _play(backend, seed=0), _play(backend, seed=0, history=1)
+    full.group_id = window.group_id = 0
+    full.reward, window.reward = 1.0, 0.0
+    zero = _play(backend, seed=1)
+    zero.group_id, zero.reward = 1, 0.5  # alone in its subgroup: advantage 0, not trained
+    trainer = SimpleNamespace(cfg=SimpleNamespace(actor=SimpleNamespace(normalize_std=False)))
+    rows = Trainer._actor_rows(trainer, [full, window, zero])
+    assert trainer.packed_fraction == 0.5
+    assert len(rows) == 1 + len(window.turns)
+    weights = sequence_token_weights(torch.tensor([full.generated_tokens,
+                                                   window.generated_tokens,
+                                                   zero.generated_tokens]))
+    assert rows[0].completion_mask is not None and rows[0].advantage == 0.5
+    assert rows[0].token_weight == pytest.approx(float(weights[0]))
+    assert all(r.completion_mask is None and r.advantage == -0.5
+               and r.token_weight == pytest.approx(float(weights[1])) for r in rows[1:])
+    trainer.counters, trainer.experience = {}, None
+    trainer.cfg.uses_experience = False
+    metrics = Trainer._step_metrics(trainer, [full, window, zero], UpdateStats(0.0, 0.0, 0.0, 1, 1),
+                                    None, {})
+    assert metrics["actor/packed_fraction"] == 0.5
+    Trainer._actor_rows(trainer, [])
+    assert math.isnan(trainer.packed_fraction)  # nothing trained
