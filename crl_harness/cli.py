@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "play": ("crl_harness.commands.play", "play any registered env in the terminal"),
     "data": ("crl_harness.commands.data", "fetch benchmark data from the upstream sources"),
     "train": ("crl_harness.commands.train", "train an agent with Complementary RL or a baseline arm"),
+    "warmstart": ("crl_harness.commands.warmstart",
+                  "supervised warm start of actor and extractor on scripted-oracle episodes"),
     "swe": ("crl_harness.commands.swe", "SWE-bench tools: filter tasks by pass rate"),
     "eval": ("crl_harness.commands.eval", "benchmark an agent (scripted or a model) on CRL envs"),
 }

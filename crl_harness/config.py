@@ -35,15 +35,18 @@ __all__ = [
     "ExtractorConfig",
     "ExperienceConfig",
     "RunConfig",
+    "WarmStartConfig",
     "TrainConfig",
     "load_config",
     "config_to_dict",
     "CONFIG_DIR",
+    "HELDOUT_RESERVED",
 ]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "assets" / "configs"
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+HELDOUT_RESERVED = 10_000
 
 
 class ConfigError(ValueError):
@@ -79,7 +82,11 @@ class TaskConfig:
     seed_offset: int = 0
     """training seeds are drawn from [seed_offset, seed_offset + seed_count)"""
     seed_count: int = 1_000_000
-    """size of the training seed range"""
+    """size of the training seed range (a small range makes the training tasks recur across
+    steps, as the paper's training sets do)"""
+    heldout_offset: int = 50_000_000
+    """held-out tasks for evaluation: seeds heldout_offset, heldout_offset+1, ... (the next
+    HELDOUT_RESERVED seeds are kept out of training and the warm start)"""
 
 
 @dataclass
@@ -96,6 +103,9 @@ class LoRAConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
     """module names that get adapters"""
+    top_layers: int = 0
+    """adapters only in the last N transformer layers (0: every layer); the backward pass then
+    stops below them, which on a CPU is most of a step's time"""
 
 
 @dataclass
@@ -192,6 +202,40 @@ class ExperienceConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """Supervised warm start on scripted-oracle episodes (``crl warmstart``): LoRA adapters for
+    the actor and the extractor that ``actor.model`` / ``extractor.model`` can start from."""
+
+    model: str = "hf:smollm2-135m"
+    """the base model both adapters are trained on (``actor.model`` / ``extractor.model`` then
+    name the adapters: ``hf:OUT/actor``)"""
+    episodes: int = 40
+    """oracle episodes per env of the mixture (each gives one packed actor sample)"""
+    seed_offset: int = 10_000_000
+    """the episodes play seeds seed_offset, seed_offset+1, ... (disjoint from the training and
+    held-out ranges)"""
+    noise: float = 0.1
+    """fraction of turns whose target is a random allowed action instead of the oracle's: the
+    warm actor is good, not perfect, so RL has room"""
+    experience_fraction: float = 0.5
+    """fraction of actor episodes whose system prompt carries the winning moves of an earlier
+    attempt at the same level, which the target follows (the rest carry none)"""
+    extractor_samples: int = 16
+    """extractor samples (the Experience Manager's prompt for a warm-start episode and an
+    operations answer built from it); 0: the extractor is not warm-started"""
+    epochs: int = 2
+    batch_size: int = 8
+    """samples per optimiser step"""
+    lr: float = 1.0e-3
+    lora: LoRAConfig = field(default_factory=lambda: LoRAConfig(
+        enabled=True, r=16, alpha=32,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    """the adapters trained (only LoRA is supported: a few MB to keep beside the command)"""
+    output_dir: str = "${run.output_dir}/warmstart"
+    """``actor/`` and ``extractor/`` adapters and ``metrics.json`` go here"""
+
+
+@dataclass
 class RunConfig:
     """How long, where, and on what."""
 
@@ -223,6 +267,7 @@ class TrainConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
     experience: ExperienceConfig = field(default_factory=ExperienceConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     @property
     def uses_experience(self) -> bool:
@@ -350,6 +395,44 @@ def _validate(cfg: TrainConfig, source: str) -> None:
              "use same or hf:NAME_OR_PATH, or arm=static for a frozen extractor")
     if cfg.run.torch_threads < 0:
         fail("run.torch_threads", "must be >= 0 (0: torch's default)")
+    if t.seed_offset < 0 or t.heldout_offset < 0:
+        fail("tasks.seed_offset", "seeds must be >= 0")
+    ranges = {"training": range(t.seed_offset, t.seed_offset + t.seed_count),
+              "held-out": range(t.heldout_offset, t.heldout_offset + HELDOUT_RESERVED)}
+
+    def overlap(a: range, b: range) -> bool:
+        return a.start < b.stop and b.start < a.stop
+
+    if overlap(ranges["training"], ranges["held-out"]):
+        fail("tasks.heldout_offset", f"the held-out seeds [{t.heldout_offset}, "
+             f"{t.heldout_offset + HELDOUT_RESERVED}) overlap the training seeds "
+             f"[{t.seed_offset}, {t.seed_offset + t.seed_count}); held-out tasks must be unseen")
+    w = cfg.warmstart
+    for key, value in (("warmstart.episodes", w.episodes), ("warmstart.epochs", w.epochs),
+                       ("warmstart.batch_size", w.batch_size), ("warmstart.lora.r", w.lora.r)):
+        if value < 1:
+            fail(key, f"must be >= 1, got {value}")
+    for key, value in (("warmstart.noise", w.noise),
+                       ("warmstart.experience_fraction", w.experience_fraction)):
+        if not 0.0 <= value <= 1.0:
+            fail(key, f"must be in [0, 1], got {value}")
+    if w.extractor_samples < 0:
+        fail("warmstart.extractor_samples", f"must be >= 0, got {w.extractor_samples}")
+    if not 0.0 < w.lr <= 1.0:
+        fail("warmstart.lr", f"must be in (0, 1], got {w.lr}")
+    for key, lora in (("actor.lora", cfg.actor.lora), ("extractor.lora", cfg.extractor.lora),
+                      ("warmstart.lora", w.lora)):
+        if lora.top_layers < 0:
+            fail(f"{key}.top_layers", f"must be >= 0 (0: every layer), got {lora.top_layers}")
+    if not w.model.startswith("hf:"):
+        fail("warmstart.model", f"'{w.model}' cannot be fine-tuned here; use hf:NAME_OR_PATH")
+    if not w.lora.enabled:
+        fail("warmstart.lora.enabled", "the warm start trains LoRA adapters only; keep it true")
+    warm = range(w.seed_offset, w.seed_offset + w.episodes)
+    for name, seeds in ranges.items():
+        if overlap(warm, seeds):
+            fail("warmstart.seed_offset", f"the warm-start seeds [{warm.start}, {warm.stop}) "
+                 f"overlap the {name} seeds [{seeds.start}, {seeds.stop}); move one range")
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:

@@ -183,13 +183,13 @@ def evaluate(
             if on_done is not None:
                 on_done(traj)
 
+    config = rollout or RolloutConfig()
     if agent in ("scripted", "human"):
-        return _play_step_agents(agent, specs, retriever, workers, finished)
+        return _play_step_agents(agent, specs, retriever, workers, finished, config.env_kwargs)
     if backend is None:
         from crl_harness.models.registry import load_backend
 
         backend = load_backend(agent)
-    config = rollout or RolloutConfig()
     config.workers = max(config.workers, workers)
     engine = RolloutEngine(backend, retriever=retriever, config=config)
     try:
@@ -199,7 +199,8 @@ def evaluate(
 
 
 def _play_step_agents(agent: str, specs: Sequence[EpisodeSpec], retriever: Any, workers: int,
-                      finished: Callable[[Trajectory], None]) -> list[Trajectory]:
+                      finished: Callable[[Trajectory], None],
+                      env_kwargs: dict[str, dict[str, Any]]) -> list[Trajectory]:
     from crl_harness.agents import make_agent, run_episode
 
     local = threading.local()  # each worker thread keeps one env per id (envs are not shared)
@@ -208,7 +209,8 @@ def _play_step_agents(agent: str, specs: Sequence[EpisodeSpec], retriever: Any, 
         envs = local.__dict__.setdefault("envs", {})
         try:
             if spec.env_id not in envs:
-                envs[spec.env_id] = make_env(spec.env_id, retriever)
+                envs[spec.env_id] = make_env(spec.env_id, retriever,
+                                             **env_kwargs.get(spec.env_id, {}))
             env = envs[spec.env_id]
             traj = run_episode(env, make_agent(agent, spec.env_id, env), spec)
         except Exception as err:  # noqa: BLE001 - one env's failure (no Docker, no data) ends

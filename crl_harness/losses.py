@@ -9,6 +9,7 @@ Holds:
   as if it were one row in one batch.
 - ``grpo_loss``: PPO-clip (eps 0.2) per token, no KL, no entropy bonus.
 - ``cispo_loss``: -sg[clip(ratio, 1-eps_low, 1+eps_high)] * A * log pi per token.
+- ``sft_loss``: -log pi per target token (the warm start), same weights and signature.
 - ``LossTerms``: what a loss returns (the scalar and its clip counts, for metrics).
 
 Shapes: ``logprobs``, ``old_logprobs`` and ``mask`` are (rows, tokens); ``advantages`` is (rows,)
@@ -31,6 +32,7 @@ __all__ = [
     "sequence_token_weights",
     "grpo_loss",
     "cispo_loss",
+    "sft_loss",
 ]
 
 
@@ -164,3 +166,20 @@ def cispo_loss(
     loss = (per_token_loss * mask * _row_weights(mask, token_weight)).sum()
     clipped = ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)) & (mask > 0)
     return LossTerms(loss, int(clipped.sum()), int(mask.sum()))
+
+
+def sft_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    token_weight: torch.Tensor | None = None,
+) -> LossTerms:
+    """Supervised fine-tuning (the warm start): negative log-likelihood of the target tokens,
+    -sum(w * log pi) with the same weights as the RL losses (pass ``token_weight`` = 1 / all
+    target tokens for a token-mean). ``old_logprobs`` and ``advantages`` are ignored: the
+    signature is the learner's, so one ``PolicyLearner.update`` serves RL and SFT."""
+    mask = mask.to(logprobs.dtype)
+    loss = (-logprobs * mask * _row_weights(mask, token_weight)).sum()
+    return LossTerms(loss, 0, int(mask.sum()))

@@ -25,8 +25,8 @@ import crl_envs  # noqa: F401  (registers the CRL ids)
 from crl_harness.models.base import Generation, ModelBackend
 from crl_harness.prompting import Conversation, format_error_message, parse_answer, system_prompt
 
-__all__ = ["EpisodeSpec", "Turn", "Trajectory", "RolloutConfig", "RolloutEngine", "make_env",
-           "task_id_of", "transcript_of"]
+__all__ = ["EpisodeSpec", "Turn", "Trajectory", "RolloutConfig", "RolloutEngine", "LiveEpisode",
+           "make_env", "task_id_of", "transcript_of"]
 
 
 @dataclass
@@ -162,8 +162,10 @@ def transcript_of(task: str, turns: Sequence[Turn], won: bool, score: float) -> 
     return "\n".join(lines)
 
 
-class _Episode:
-    """The engine's bookkeeping for one live episode."""
+class LiveEpisode:
+    """One episode being played: its env, its conversation (the prompts exactly as the engine
+    renders them) and its trajectory so far. The engine drives it; so does the warm start,
+    which replays scripted oracles through the same rendering."""
 
     def __init__(self, spec: EpisodeSpec, env: gym.Env, history: int | None) -> None:
         self.spec = spec
@@ -173,6 +175,7 @@ class _Episode:
         self.trajectory = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience)
         self.conversation = Conversation("", history)
         self.observation = ""
+        self.info: dict[str, Any] = {}  # the env's info of the latest reset or step
         self.done = False
 
     def reset(self, with_experience_option: bool) -> None:
@@ -180,6 +183,7 @@ class _Episode:
         if with_experience_option:
             options["use_experience"] = self.spec.use_experience
         observation, info = self.env.reset(seed=self.spec.seed, options=options)
+        self.info = info
         instructions = info.get("instructions") or getattr(self.env.unwrapped, "instructions", "")
         experience = info.get("experience", "") or ""
         if experience and experience in instructions:
@@ -200,6 +204,7 @@ class _Episode:
 
     def step(self, turn: Turn) -> None:
         observation, reward, terminated, truncated, info = self.env.step(turn.action)
+        self.info = info
         turn.reward = float(reward)
         turn.action_valid = bool(info.get("action_valid", True))
         traj = self.trajectory
@@ -256,13 +261,13 @@ class RolloutEngine:
         cfg = self.config
         pending = list(enumerate(specs))[::-1]
         results: list[Trajectory | None] = [None] * len(specs)
-        live: list[tuple[int, _Episode]] = []
+        live: list[tuple[int, LiveEpisode]] = []
         with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
             while pending or live:
                 started = []
                 while pending and len(live) + len(started) < cfg.max_live:
                     index, spec = pending.pop()
-                    started.append((index, _Episode(spec, self._take_env(spec.env_id), cfg.history)))
+                    started.append((index, LiveEpisode(spec, self._take_env(spec.env_id), cfg.history)))
                 for (index, episode), error in zip(
                     started, pool.map(self._guard(lambda e: e.reset(self.retriever is not None)),
                                       [e for _, e in started]),
@@ -305,7 +310,7 @@ class RolloutEngine:
         self._free_envs.clear()
 
     # ----------------------------------------------------------------- steps of run
-    def _generate(self, episodes: list[_Episode]) -> list[Generation]:
+    def _generate(self, episodes: list[LiveEpisode]) -> list[Generation]:
         cfg = self.config
         budget = self.backend.max_context - cfg.max_new_tokens
         prompts = [e.conversation.messages(budget, self.backend.count_tokens) for e in episodes]
@@ -314,7 +319,7 @@ class RolloutEngine:
             top_p=cfg.top_p, seed=next(self._seeds) if self._seeds is not None else None,
         )
 
-    def _record(self, episode: _Episode, generation: Generation) -> Turn:
+    def _record(self, episode: LiveEpisode, generation: Generation) -> Turn:
         parsed = parse_answer(generation.text)
         turn = Turn(
             prompt_token_ids=generation.prompt_token_ids, token_ids=generation.token_ids,
@@ -334,7 +339,7 @@ class RolloutEngine:
             episode.observe(f"{format_error_message(parsed.error)}\n\n{episode.observation}")
         return turn
 
-    def _finish(self, index: int, episode: _Episode, results: list[Trajectory | None],
+    def _finish(self, index: int, episode: LiveEpisode, results: list[Trajectory | None],
                 on_done: Callable[[Trajectory], None] | None) -> None:
         traj = episode.trajectory
         if not (traj.terminated or traj.truncated or traj.error):

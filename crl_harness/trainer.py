@@ -277,6 +277,7 @@ class Trainer:
         with self.experience.weights_lock:  # no extractor call sees half an update
             stats = self.extractor.update(rows, loss)
         self.counters["extractor/updates"] += int(stats.rows > 0)
+        self.counters["extractor/nonzero_advantages"] += len(rows)
         return stats
 
     def _step_metrics(self, trajectories: list[Trajectory], actor: UpdateStats | None,

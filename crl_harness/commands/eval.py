@@ -10,6 +10,7 @@ appended as episodes finish; the input of ``crl swe filter``), ``report.json`` a
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -45,7 +46,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(least recently used evicted; SmolLM2-135M: 46 KB a token)")
     parser.add_argument("--no-kv-reuse", action="store_true",
                         help="hf agents: prefill every prompt in full (the slow path, to compare)")
+    parser.add_argument("--env-kwargs", default=None, metavar="JSON",
+                        help='keyword arguments for gym.make of every env, e.g. '
+                             '\'{"variant": "dark", "max_episode_steps": 6}\'')
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def parse_env_kwargs(text: str | None) -> dict:
+    """``--env-kwargs``: a JSON object of at most 4 KB, or a clear error."""
+    if not text:
+        return {}
+    if len(text) > 4096:
+        raise UserFacingError(f"--env-kwargs is {len(text)} characters; at most 4096.")
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserFacingError(f"--env-kwargs is not valid JSON ({err}); e.g. "
+                              '\'{"variant": "dark"}\'') from err
+    if not isinstance(kwargs, dict):
+        raise UserFacingError(f"--env-kwargs must be a JSON object of keyword arguments, got "
+                              f"{type(kwargs).__name__}.")
+    return kwargs
 
 
 class _RetrieveOnly:
@@ -79,6 +100,15 @@ def run(args: argparse.Namespace) -> int:
         console.width = 140  # logs and CI: room for every column
     env_ids = expand_env_ids(args.envs)
     seeds = parse_seeds(args.seeds, args.episodes)
+    env_kwargs = parse_env_kwargs(args.env_kwargs)
+    if env_kwargs:
+        import gymnasium as gym
+
+        for env_id in env_ids:  # a bad keyword is one clear error, before any model loads
+            try:
+                gym.make(env_id, **env_kwargs).close()
+            except TypeError as err:
+                raise UserFacingError(f"--env-kwargs do not fit {env_id}: {err}") from err
     out = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
@@ -103,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
                                kv_cache_tokens=args.kv_cache_tokens)
     rollout = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, history=args.history, max_live=args.max_live,
-                            workers=args.workers, experience_k=args.experience_k, seed=args.seed)
+                            workers=args.workers, experience_k=args.experience_k, seed=args.seed,
+                            env_kwargs=dict.fromkeys(env_ids, env_kwargs))
     console.print(f"[bold]crl eval[/]: {args.agent} on {len(env_ids)} env(s) x {len(seeds)} "
                   f"episodes -> {out}")
     started = time.perf_counter()
@@ -127,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     write_report(out / "report.json", trajectories, meta={
         "agent": args.agent, "envs": env_ids, "seeds": seeds, "experience": args.experience,
         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-        "history": args.history, "seconds": round(seconds, 2),
+        "history": args.history, "env_kwargs": env_kwargs, "seconds": round(seconds, 2),
     })
     plot_success(out / "success.png", summaries, title=args.agent)
     console.print(f"wrote {results_path}, {out / 'report.json'}, {out / 'success.png'}")

@@ -23,6 +23,7 @@ from crl_harness.experience.manager import (
     ExperienceManager,
     ManagerConfig,
     ReadWriteLock,
+    distill_prompt,
 )
 from crl_harness.experience.operations import (
     ParseLimits,
@@ -37,6 +38,7 @@ __all__ = [
     "AddEntry", "ApplyResult", "DeleteEntries", "ExperienceBank", "ExperienceEntry", "VoteEntry",
     "CreditLedger", "GenerationReward", "episode_credit",
     "DistillationRequest", "ExperienceManager", "ManagerConfig", "ReadWriteLock",
+    "distill_prompt",
     "ParseLimits", "ParseResult", "parse_distillation", "parse_merge",
     "load_prompt", "RetrievalConfig", "diversity_rerank", "tokenize",
 ]

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from string import Template
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,7 @@ from crl_harness.experience.retrieval import (
 )
 
 __all__ = ["ReadWriteLock", "DistillationRequest", "ManagerConfig", "ExperienceManager",
-           "Extractor"]
+           "Extractor", "distill_prompt"]
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,19 @@ def _numbered(entries: Sequence[ExperienceEntry]) -> str:
     if not entries:
         return "(none)"
     return "\n".join(f"[{i}] {e.title}: {e.content}" for i, e in enumerate(entries))
+
+
+def distill_prompt(request: DistillationRequest, shown: Sequence[ExperienceEntry], *,
+                   max_ops: int, max_transcript_chars: int,
+                   template: Template | None = None) -> str:
+    """The extractor's prompt for one finished episode and the entries it was shown (the
+    manager's, and the warm start's extractor samples, so both see the same text)."""
+    template = template or load_prompt("experience_distill")
+    return template.substitute(
+        env_id=request.env_id, task=request.task,
+        outcome="SUCCESS" if request.won else "FAILURE", score=f"{request.score:g}",
+        retrieved=_numbered(shown), max_ops=max_ops,
+        transcript=_clip(request.transcript, max_transcript_chars))
 
 
 class ExperienceManager:
@@ -478,11 +492,9 @@ class ExperienceManager:
 
     def _distill(self, request: DistillationRequest) -> None:
         shown = [e for e in (self.bank.get(i) for i in request.retrieved_ids) if e is not None]
-        prompt = self._distill_template.substitute(
-            env_id=request.env_id, task=request.task,
-            outcome="SUCCESS" if request.won else "FAILURE", score=f"{request.score:g}",
-            retrieved=_numbered(shown), max_ops=self.config.parse_limits.max_ops,
-            transcript=_clip(request.transcript, self.config.max_transcript_chars))
+        prompt = distill_prompt(request, shown, max_ops=self.config.parse_limits.max_ops,
+                                max_transcript_chars=self.config.max_transcript_chars,
+                                template=self._distill_template)
         called = self._call_extractor(prompt)
         if called is None:
             return

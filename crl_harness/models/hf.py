@@ -11,6 +11,7 @@ keeping a vocabulary-sized score tensor per step; rows that have finished leave 
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -128,11 +129,21 @@ class HFBackend:
         if local.suffix == ".gguf" and gguf_file is None:
             path, gguf_file = str(local.parent), local.name
         extra = {"gguf_file": gguf_file} if gguf_file else {}
+        adapter = local if (local / "adapter_config.json").is_file() else None
+        if adapter is not None:  # LoRA adapters (e.g. a warm start): load their base, then merge
+            from crl_harness.models.registry import resolve_model_path
+
+            base = json.loads((adapter / "adapter_config.json").read_text())
+            path = resolve_model_path(base.get("base_model_name_or_path") or "")
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, **extra)
             self.model = transformers.AutoModelForCausalLM.from_pretrained(
                 path, dtype=getattr(torch, dtype), **extra
             )
+            if adapter is not None:
+                from peft import PeftModel
+
+                self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
         except OSError as err:
             raise ModelNotFoundError(
                 f"Could not load a transformers model from {path!r}: {err}. Pass a local model "
@@ -141,7 +152,7 @@ class HFBackend:
             ) from err
         self.model.to(device).eval()
         self.device = device
-        self.name = f"hf:{path}" + (f"#{gguf_file}" if gguf_file else "")
+        self.name = f"hf:{adapter or path}" + (f"#{gguf_file}" if gguf_file else "")
         self.max_batch_size = max_batch_size
         self.max_context = int(
             max_context or getattr(self.model.config, "max_position_embeddings", 2048)

@@ -23,6 +23,8 @@ from typing import Any
 from crl_envs.data import cache_dir
 from crl_harness.models.base import ModelBackend, ModelNotFoundError
 
+CHECKOUT = Path(__file__).resolve().parents[2]
+
 __all__ = ["PackagedModel", "MODELS", "resolve_model", "resolve_model_path", "load_backend"]
 
 
@@ -103,8 +105,15 @@ def resolve_model(name: str) -> Path:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """A short name becomes its cached checkpoint; anything else (path, hub id) passes through."""
-    return str(resolve_model(name_or_path)) if name_or_path in MODELS else name_or_path
+    """A short name becomes its cached checkpoint; ``assets/...`` that is not a path from here
+    is the checkout's (the shipped warm starts, from any working directory); anything else
+    (path, hub id) passes through."""
+    if name_or_path in MODELS:
+        return str(resolve_model(name_or_path))
+    shipped = CHECKOUT / name_or_path
+    if name_or_path.startswith("assets/") and not Path(name_or_path).exists() and shipped.exists():
+        return str(shipped)
+    return name_or_path
 
 
 def load_backend(spec: str, **options: Any) -> ModelBackend:

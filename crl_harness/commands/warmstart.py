@@ -1,0 +1,33 @@
+"""``crl warmstart CONFIG [key=value ...]``: supervised warm start on scripted-oracle episodes.
+
+Trains LoRA adapters for the actor and the extractor of CONFIG (``warmstart.*`` settings, the
+envs of ``tasks.envs``, the prompts of ``actor.history``) and writes them to
+``warmstart.output_dir`` (default ``RUN_DIR/warmstart``); start training from them with
+``actor.model=hf:OUT/actor extractor.model=hf:OUT/extractor``, or evaluate with
+``crl eval --agent hf:OUT/actor``. Re-running replaces the adapters atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML file, or a name under assets/configs (e.g. cpu-demo)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="settings to override, e.g. warmstart.episodes=40")
+
+
+def run(args: argparse.Namespace) -> int:
+    from crl_harness.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, list(args.overrides))
+    except ConfigError as err:
+        print(f"crl warmstart: {err}", file=sys.stderr)
+        return 2
+    from crl_harness.warmstart import run_warmstart
+
+    run_warmstart(cfg)
+    return 0

@@ -1,0 +1,181 @@
+"""Warm-start data: scripted-oracle episodes rendered exactly as the rollout engine renders them.
+
+Holds ``play_oracle_episode`` (one episode through the engine's own ``LiveEpisode``: same env
+wrappers, system prompt, history and chat template; the replies are the oracle's actions with a
+reason read from the observation), ``route_advice`` (the experience entry "winning moves of an
+earlier attempt at this level"), ``actor_episodes`` (the mix of plain, noisy and advised
+episodes) and ``extractor_sample`` (the Experience Manager's distillation prompt for an episode
+with an operations answer built from its transcript).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from crl_envs.oracles import make_oracle
+from crl_harness.experience.bank import ExperienceEntry
+from crl_harness.experience.manager import DistillationRequest, distill_prompt
+from crl_harness.models.base import encode_chat
+from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env, transcript_of
+from crl_harness.warmstart.reasons import REASONS, random_reason
+
+__all__ = ["AdvisedEpisode", "route_advice", "play_oracle_episode", "actor_episodes",
+           "extractor_sample", "reply_ids"]
+
+_HERO_LINE = "You (@) are at "
+
+
+@dataclass
+class AdvisedEpisode:
+    """A played warm-start episode and the entry its system prompt carried (if any)."""
+
+    trajectory: Trajectory
+    advice: ExperienceEntry | None = None
+
+
+class _FixedAdvice:
+    """A retriever that hands every episode the same entry (the episode's own advice)."""
+
+    def __init__(self, entry: ExperienceEntry) -> None:
+        self.entry = entry
+
+    def retrieve(self, env_id: str, query: str, k: int) -> list[ExperienceEntry]:
+        return [self.entry][:k]
+
+
+def _start_of(observation: str) -> str:
+    """Where the agent starts, as the first observation says (MiniHack); '' if it does not."""
+    for line in observation.splitlines():
+        if line.startswith(_HERO_LINE):
+            return line.removeprefix(_HERO_LINE).split(".")[0]  # "x=36, y=10"
+    return ""
+
+
+def route_advice(env_id: str, trajectory: Trajectory, entry_id: str = "advice") -> ExperienceEntry:
+    """The lesson of a won episode: its moves from the start, keyed by where it started.
+
+    The title carries the start position (MiniHack) so that retrieval by the next episode's first
+    observation finds the entry of the same level.
+    """
+    start = _start_of(trajectory.turns[0].observation) if trajectory.turns else ""
+    title = f"Winning moves from {start}" if start else "Winning moves of this level"
+    moves = ", ".join(t.action or "" for t in trajectory.turns)
+    return ExperienceEntry(entry_id, env_id, title, f"from the start, play {moves}.")
+
+
+def reply_ids(tokenizer: Any, text: str) -> list[int]:
+    """The token ids a model emits for ``text``, ending with the EOS that stops generation."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+
+
+def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: int,
+                        max_new_tokens: int, history: int | None,
+                        env_kwargs: dict[str, Any] | None = None,
+                        options: dict[str, Any] | None = None, noise: float = 0.0,
+                        rng: random.Random | None = None,
+                        advice: ExperienceEntry | None = None,
+                        route: Trajectory | None = None) -> Trajectory:
+    """Play one episode with the scripted oracle, recording each turn as the engine would.
+
+    Each turn's prompt is what ``RolloutEngine`` would send (``LiveEpisode``'s conversation,
+    trimmed to ``max_context - max_new_tokens``, encoded with the chat template); the reply is
+    ``<think>REASON</think><answer>ACTION</answer>`` + EOS. With probability ``noise`` a turn
+    plays and teaches a random allowed action instead. With ``advice`` the system prompt
+    carries the entry, and while the episode retraces ``route`` (the attempt the advice was
+    written from) it plays the route's next move and says so.
+    """
+    if env_id not in REASONS:
+        raise ValueError(f"No observation-only oracle reasons for {env_id}; warm start supports "
+                         f"{', '.join(REASONS)}.")
+    rng = rng or random.Random(seed)
+    env = make_env(env_id, _FixedAdvice(advice) if advice else None, 1, **(env_kwargs or {}))
+    try:
+        episode = LiveEpisode(EpisodeSpec(env_id, seed, use_experience=advice is not None,
+                                          options=options), env, history)
+        episode.reset(with_experience_option=advice is not None)
+        oracle = make_oracle(env_id, env)
+        oracle.reset(episode.observation, episode.info)
+        budget = max_context - max_new_tokens
+        traj = episode.trajectory
+        while not episode.done and traj.steps < episode.max_turns:
+            observation, info = episode.observation, episode.info
+            planned = oracle.act(observation, info)
+            t = traj.steps
+            if route is not None and t < len(route.turns) and \
+                    route.turns[t].observation == observation:
+                action = route.turns[t].action or planned
+                reason = (f"The advice's winning moves: move {t + 1} of {len(route.turns)} "
+                          f"is {action}.")
+            elif noise and rng.random() < noise and info.get("admissible_actions"):
+                action = rng.choice(list(info["admissible_actions"]))
+                reason = random_reason(observation, action)
+            else:
+                action, reason = planned, REASONS[env_id](observation, planned)
+            text = f"<think>{reason}</think><answer>{action}</answer>"
+            messages = episode.conversation.messages(
+                budget, lambda m: len(encode_chat(tokenizer, m)))
+            ids = reply_ids(tokenizer, text)
+            turn = Turn(prompt_token_ids=encode_chat(tokenizer, messages), token_ids=ids,
+                        logprobs=[0.0] * len(ids), text=text, action=action,
+                        observation=observation)
+            traj.turns.append(turn)
+            traj.steps += 1
+            episode.conversation.reply(text)
+            episode.step(turn)
+            if action != planned:
+                # The oracle learns blocked moves from its own last move; after a move it did
+                # not choose, it starts afresh from the new observation.
+                oracle.reset(episode.observation, episode.info)
+        traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score)
+        return traj
+    finally:
+        env.close()
+
+
+def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fraction: float,
+                   rng: random.Random, **play: Any) -> list[AdvisedEpisode]:
+    """One episode per seed: ``experience_fraction`` of them replay a noise-free earlier attempt
+    that won, with its route in the system prompt; the others play with ``noise``."""
+    episodes = []
+    for seed in seeds:
+        if rng.random() < experience_fraction:
+            first = play_oracle_episode(env_id, seed, rng=rng, **play)
+            if first.won:
+                entry = route_advice(env_id, first, entry_id=f"route-{seed}")
+                traj = play_oracle_episode(env_id, seed, rng=rng, advice=entry, route=first,
+                                           **play)
+                episodes.append(AdvisedEpisode(traj, entry))
+                continue
+        episodes.append(AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
+                                                           **play)))
+    return episodes
+
+
+def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
+                     max_transcript_chars: int) -> Turn:
+    """The distillation prompt the Experience Manager builds for ``episode`` (chat-encoded as
+    the extractor receives it) and an answer built from the transcript: a won episode adds its
+    route, or upvotes the entry it was shown; a lost one downvotes the entry it was shown, or
+    changes nothing."""
+    traj = episode.trajectory
+    shown = [episode.advice] if episode.advice is not None else []
+    request = DistillationRequest(traj.env_id, traj.task, traj.transcript, traj.won, traj.score,
+                                  [e.id for e in shown])
+    prompt = distill_prompt(request, shown, max_ops=max_ops,
+                            max_transcript_chars=max_transcript_chars)
+    if traj.won and shown:
+        ops: list[dict[str, Any]] = [{"op": "upvote", "target_idx": 0}]
+    elif traj.won:
+        lesson = route_advice(traj.env_id, traj)
+        ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
+    elif shown:
+        ops = [{"op": "downvote", "target_idx": 0}]
+    else:
+        ops = [{"op": "return"}]
+    text = f"<answer>{json.dumps(ops)}</answer>"
+    ids = reply_ids(tokenizer, text)
+    return Turn(prompt_token_ids=encode_chat(tokenizer, [{"role": "user", "content": prompt}]),
+                token_ids=ids, logprobs=[0.0] * len(ids), text=text)

@@ -1,0 +1,191 @@
+"""``run_warmstart``: supervised fine-tuning of the actor and the extractor on oracle data.
+
+The recipe (``WarmStartConfig``): oracle episodes on the config's envs, seeds from
+``warmstart.seed_offset`` (disjoint from training and held-out), rendered by the rollout
+engine's own ``LiveEpisode``; each episode is one packed sequence when its prompts only grow.
+LoRA adapters on every linear layer are trained with ``sft_loss`` (token-mean NLL of the
+replies) through the same ``PolicyLearner`` that runs GRPO and CISPO, then written atomically
+(a temporary directory renamed into place) as ``OUT/actor`` and ``OUT/extractor``; ``hf:OUT/actor``
+loads the base model with the adapter merged. ``OUT/metrics.json`` records the command's
+settings, data counts, losses and times.
+
+Why LoRA: the adapters are a few MB (they can be kept beside the command that made them), an
+update leaves the base weights intact, and with rank 8-16 on all linear layers SmolLM2-135M
+learns the answer format and the oracle's moves within minutes on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from crl_envs.errors import UserFacingError
+from crl_harness.config import TrainConfig, config_to_dict
+from crl_harness.experience.operations import ParseLimits
+from crl_harness.losses import sft_loss
+from crl_harness.models.registry import load_backend
+from crl_harness.rollout import Turn
+from crl_harness.training.learner import PolicyLearner, TrainingRow
+from crl_harness.training.packing import pack_turns
+from crl_harness.warmstart.data import AdvisedEpisode, actor_episodes, extractor_sample
+from crl_harness.warmstart.reasons import REASONS
+
+__all__ = ["WarmStartError", "run_warmstart", "fit", "save_adapter", "sample_rows"]
+
+
+class WarmStartError(UserFacingError):
+    """The warm start cannot run as configured; the message says what to change."""
+
+
+def sample_rows(turns: list[Turn]) -> list[TrainingRow]:
+    """The supervised rows of one episode: one packed row when its prompts only grow, else one
+    row per turn; each target token weighs 1 (``fit`` turns the weights into a token mean)."""
+    return [TrainingRow(r.prompt_ids, r.completion_ids, r.old_logprobs, 1.0, 1.0,
+                        r.completion_mask) for r in pack_turns(turns)]
+
+
+def fit(model: Any, rows: list[TrainingRow], *, lr: float, epochs: int, batch_size: int,
+        lora: Any, seed: int, log: Callable[[str], None] = print,
+        label: str = "") -> tuple[PolicyLearner, list[float]]:
+    """Train LoRA adapters on ``rows`` with ``sft_loss``; returns the learner and the loss
+    (mean NLL per target token) of every optimiser step."""
+    learner = PolicyLearner(model, lr=lr, max_grad_norm=1.0, temperature=1.0, micro_batch_size=2,
+                            lora=lora, recompute_old_logprobs=True)
+    rng = random.Random(seed)
+    losses: list[float] = []
+    steps = epochs * -(-len(rows) // batch_size)
+    for epoch in range(epochs):
+        order = rows[:]
+        rng.shuffle(order)
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            targets = sum(r.trained_tokens for r in batch)
+            weighted = [TrainingRow(r.prompt_ids, r.completion_ids, r.old_logprobs, 1.0,
+                                    1.0 / targets, r.completion_mask) for r in batch]
+            stats = learner.update(weighted, sft_loss)
+            losses.append(stats.loss)
+            log(f"warmstart {label} epoch {epoch + 1}/{epochs} step {len(losses)}/{steps}: "
+                f"loss {stats.loss:.4f} ({targets} target tokens)")
+    return learner, losses
+
+
+def save_adapter(learner: PolicyLearner, directory: Path, base: str) -> Path:
+    """Write the learner's LoRA adapters (fp16, peft layout) to ``directory`` atomically:
+    a killed run leaves the previous adapter or the new one, never half of one."""
+    from safetensors.torch import save_file
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        learner.model.save_pretrained(staging)
+        state = {k: v.to(torch.float16).contiguous()
+                 for k, v in learner.trainable_state_dict().items()}
+        save_file(state, str(staging / "adapter_model.safetensors"))
+        config_path = staging / "adapter_config.json"
+        config = json.loads(config_path.read_text())
+        # The base as the config names it (a short name resolves on any machine; the cache
+        # path peft records would not).
+        config["base_model_name_or_path"] = base.removeprefix("hf:")
+        config_path.write_text(json.dumps(config, indent=2))
+        old = directory.with_name(f".{directory.name}-old")
+        if directory.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(directory, old)
+        os.replace(staging, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Generate the oracle data of ``cfg``'s envs, fit the actor's (and the extractor's)
+    adapters, write them and ``metrics.json`` under ``cfg.warmstart.output_dir``."""
+    w = cfg.warmstart
+    unsupported = [e.id for e in cfg.tasks.envs if e.id not in REASONS]
+    if unsupported:
+        raise WarmStartError(
+            f"warm start needs an oracle that reads only the observation; {', '.join(unsupported)} "
+            f"has none (its oracle uses the episode's solution). Supported: {', '.join(REASONS)}.")
+    out = Path(w.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.run.torch_threads:
+        torch.set_num_threads(cfg.run.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    rng = random.Random(cfg.run.seed)
+    t0 = time.perf_counter()
+
+    actor_backend = load_backend(w.model, dtype="float32", kv_reuse=False)
+    tokenizer = actor_backend.tokenizer
+    episodes: list[AdvisedEpisode] = []
+    seeds = list(range(w.seed_offset, w.seed_offset + w.episodes))
+    for entry in cfg.tasks.envs:
+        episodes += actor_episodes(
+            entry.id, seeds, noise=w.noise, experience_fraction=w.experience_fraction, rng=rng,
+            tokenizer=tokenizer, max_context=actor_backend.max_context,
+            max_new_tokens=cfg.actor.max_new_tokens, history=cfg.actor.history,
+            env_kwargs=entry.kwargs, options=entry.options or None)
+    rows = [row for e in episodes for row in sample_rows(e.trajectory.turns)]
+    if not rows:
+        raise WarmStartError("the oracle episodes gave no samples (every episode ended at reset); "
+                             "check tasks.envs and warmstart.episodes")
+    data_time = time.perf_counter() - t0
+    won = sum(e.trajectory.won for e in episodes)
+    log(f"warmstart: {len(episodes)} oracle episodes ({won} won, "
+        f"{sum(e.advice is not None for e in episodes)} with advice), {len(rows)} actor rows, "
+        f"{sum(r.trained_tokens for r in rows)} target tokens, in {data_time:.0f} s")
+
+    t1 = time.perf_counter()
+    learner, actor_losses = fit(actor_backend.model, rows, lr=w.lr, epochs=w.epochs,
+                                batch_size=w.batch_size, lora=w.lora, seed=cfg.run.seed, log=log,
+                                label="actor")
+    save_adapter(learner, out / "actor", w.model)
+    actor_time = time.perf_counter() - t1
+    del learner, actor_backend
+
+    metrics: dict[str, Any] = {
+        "config": config_to_dict(cfg)["warmstart"], "model": w.model,
+        "seed": cfg.run.seed, "envs": [e.id for e in cfg.tasks.envs],
+        "episodes": len(episodes), "episodes_won": won,
+        "episodes_with_advice": sum(e.advice is not None for e in episodes),
+        "actor_rows": len(rows), "actor_target_tokens": sum(r.trained_tokens for r in rows),
+        "actor_loss_first": actor_losses[0], "actor_loss_last": actor_losses[-1],
+        "actor_losses": actor_losses, "data_seconds": data_time, "actor_seconds": actor_time,
+    }
+    if w.extractor_samples and cfg.uses_experience:
+        t2 = time.perf_counter()
+        extractor_backend = load_backend(w.model, dtype="float32", kv_reuse=False)
+        chosen = rng.sample(episodes, min(w.extractor_samples, len(episodes)))
+        samples = [extractor_sample(e, tokenizer=extractor_backend.tokenizer,
+                                    max_ops=ParseLimits().max_ops,
+                                    max_transcript_chars=cfg.experience.max_transcript_chars)
+                   for e in chosen]
+        ex_rows = [row for s in samples for row in sample_rows([s])]
+        learner, ex_losses = fit(extractor_backend.model, ex_rows, lr=w.lr, epochs=w.epochs,
+                                 batch_size=w.batch_size, lora=w.lora, seed=cfg.run.seed, log=log,
+                                 label="extractor")
+        save_adapter(learner, out / "extractor", w.model)
+        metrics.update({"extractor_rows": len(ex_rows), "extractor_loss_first": ex_losses[0],
+                        "extractor_loss_last": ex_losses[-1], "extractor_losses": ex_losses,
+                        "extractor_seconds": time.perf_counter() - t2})
+    metrics["total_seconds"] = time.perf_counter() - t0
+    _write_json(out / "metrics.json", metrics)
+    log(f"warmstart: done in {metrics['total_seconds']:.0f} s; adapters in {out} "
+        f"(actor.model=hf:{out / 'actor'})")
+    return metrics

@@ -1,0 +1,177 @@
+"""The warm start: oracle data rendered as the engine renders it, advice, extractor samples,
+LoRA fitting, atomic adapters that ``hf:`` loads, and its errors."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from crl_harness.config import ConfigError, load_config
+from crl_harness.experience.operations import parse_distillation
+from crl_harness.models import HFBackend
+from crl_harness.models.base import Generation, encode_chat
+from crl_harness.models.tiny import build_tiny_model
+from crl_harness.prompting import parse_answer
+from crl_harness.rollout import EpisodeSpec, RolloutEngine
+from crl_harness.warmstart import WarmStartError, run_warmstart
+from crl_harness.warmstart.data import (
+    actor_episodes,
+    extractor_sample,
+    play_oracle_episode,
+    route_advice,
+)
+from crl_harness.warmstart.sft import sample_rows
+
+ROOM = "CRL/MiniHackRoom-v0"
+DARK = {"variant": "dark", "max_episode_steps": 8}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("warm") / "tiny", hidden_size=64)
+
+
+@pytest.fixture(scope="module")
+def backend(tiny):
+    return HFBackend(tiny)
+
+
+def _play(backend, seed=0, **kwargs):
+    return play_oracle_episode(ROOM, seed, tokenizer=backend.tokenizer,
+                               max_context=backend.max_context, max_new_tokens=64, history=None,
+                               env_kwargs=DARK, **kwargs)
+
+
+class _Replay:
+    """A backend double that answers with recorded replies and keeps the prompts it was sent."""
+
+    def __init__(self, backend, replies):
+        self.backend, self.replies, self.prompts = backend, list(replies), []
+        self.max_context = backend.max_context
+
+    def count_tokens(self, messages):
+        return self.backend.count_tokens(messages)
+
+    def generate(self, prompts, **_):
+        out = []
+        for messages in prompts:
+            ids = encode_chat(self.backend.tokenizer, messages)
+            self.prompts.append(ids)
+            out.append(Generation(text=self.replies.pop(0), prompt_token_ids=ids, token_ids=[1],
+                                  logprobs=[0.0], finish_reason="stop"))
+        return out
+
+
+def test_oracle_prompts_are_the_rollout_engines_and_targets_parse(backend):
+    traj = _play(backend, seed=3)
+    assert traj.won and traj.steps >= 2
+    for turn in traj.turns:
+        parsed = parse_answer(turn.text)
+        assert parsed.format_ok and parsed.action == turn.action
+        assert turn.token_ids[-1] == backend.tokenizer.eos_token_id
+        assert f"x={turn.observation.split('are at x=')[1].split(',')[0]}" in parsed.think
+    # The engine, fed the same replies, sends exactly the prompts the warm start trains on.
+    replay = _Replay(backend, [t.text for t in traj.turns])
+    engine = RolloutEngine(replay, max_new_tokens=64, env_kwargs={ROOM: DARK})
+    [played] = engine.run([EpisodeSpec(ROOM, seed=3)])
+    engine.close()
+    assert played.won == traj.won
+    assert replay.prompts == [t.prompt_token_ids for t in traj.turns]
+
+
+def test_full_history_episode_packs_into_one_row(backend):
+    traj = _play(backend, seed=5)
+    [row] = sample_rows(traj.turns)
+    assert sum(row.completion_mask) == sum(len(t.token_ids) for t in traj.turns)
+    assert row.prompt_ids == traj.turns[0].prompt_token_ids
+
+
+def test_noise_teaches_random_allowed_moves(backend):
+    traj = _play(backend, seed=1, noise=1.0, rng=random.Random(0))
+    thinks = [parse_answer(t.text).think for t in traj.turns]
+    assert all(think.startswith("I try ") for think in thinks)
+
+
+def test_advice_is_in_the_system_prompt_and_followed(backend):
+    first = _play(backend, seed=3)
+    entry = route_advice(ROOM, first)
+    assert entry.title.startswith("Winning moves from x=")
+    advised = _play(backend, seed=3, advice=entry, route=first)
+    system = backend.tokenizer.decode(advised.turns[0].prompt_token_ids)
+    assert entry.text in system
+    assert [t.action for t in advised.turns] == [t.action for t in first.turns]
+    assert all("advice" in parse_answer(t.text).think for t in advised.turns)
+
+
+def test_extractor_answers_parse_and_follow_the_outcome(backend):
+    episodes = actor_episodes(ROOM, [3, 4], noise=0.0, experience_fraction=1.0,
+                              rng=random.Random(0), tokenizer=backend.tokenizer,
+                              max_context=backend.max_context, max_new_tokens=64, history=None,
+                              env_kwargs=DARK)
+    advised = next(e for e in episodes if e.advice is not None)
+    sample = extractor_sample(advised, tokenizer=backend.tokenizer, max_ops=3,
+                              max_transcript_chars=2000)
+    assert "## Transcript" in backend.tokenizer.decode(sample.prompt_token_ids)
+    parsed = parse_distillation(sample.text, 1)
+    assert parsed.ok and parsed.ops[0].delta == 1  # won with the advice: upvote it
+    plain = type(advised)(advised.trajectory, None)
+    parsed = parse_distillation(extractor_sample(plain, tokenizer=backend.tokenizer, max_ops=3,
+                                                 max_transcript_chars=2000).text, 0)
+    assert parsed.ok and parsed.ops[0].title.startswith("Winning moves from x=")
+
+
+def _config(tiny, tmp_path, *overrides):
+    return load_config("cpu-demo", [f"warmstart.model=hf:{tiny}", f"actor.model=hf:{tiny}",
+                                    "extractor.model=same",
+                                    f"run.output_dir={tmp_path}/run",
+                                    f"warmstart.output_dir={tmp_path}/run/warmstart",
+                                    "warmstart.episodes=3", "warmstart.extractor_samples=2",
+                                    "warmstart.batch_size=2", "warmstart.lora.r=4", *overrides])
+
+
+def test_warmstart_writes_adapters_that_load_and_lower_the_loss(tiny, tmp_path):
+    cfg = _config(tiny, tmp_path, "warmstart.epochs=3")
+    metrics = run_warmstart(cfg, log=lambda _: None)
+    out = tmp_path / "run" / "warmstart"
+    assert metrics["actor_loss_last"] < metrics["actor_loss_first"]
+    assert json.loads((out / "metrics.json").read_text())["episodes"] == 3
+    config = json.loads((out / "actor" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(tiny)
+    warm = HFBackend(out / "actor")
+    base = HFBackend(tiny)
+    changed = [name for name, p in warm.model.state_dict().items()
+               if not p.equal(base.model.state_dict()[name])]
+    assert any("q_proj" in name for name in changed)
+    assert (out / "extractor" / "adapter_model.safetensors").exists()
+    assert not list(out.glob(".*"))  # no staging directory left behind
+
+
+def test_hardening_warmstart_kill_keeps_the_previous_adapter(tiny, tmp_path, monkeypatch):
+    cfg = _config(tiny, tmp_path, "warmstart.extractor_samples=0")
+    run_warmstart(cfg, log=lambda _: None)
+    adapter = tmp_path / "run" / "warmstart" / "actor" / "adapter_model.safetensors"
+    before = adapter.read_bytes()
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # killed while writing the new adapter
+
+    monkeypatch.setattr("safetensors.torch.save_file", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_warmstart(_config(tiny, tmp_path, "warmstart.episodes=4",
+                              "warmstart.extractor_samples=0"), log=lambda _: None)
+    assert adapter.read_bytes() == before
+    assert not list(adapter.parent.parent.glob(".*"))
+
+
+def test_hardening_warmstart_bad_configs(tiny, tmp_path):
+    with pytest.raises(WarmStartError, match="CRL/WebShop-v0 has none"):
+        run_warmstart(_config(tiny, tmp_path, "tasks.envs.0.id=CRL/WebShop-v0"))
+    for override, match in (("warmstart.noise=1.5", "warmstart.noise"),
+                            ("warmstart.episodes=0", "warmstart.episodes"),
+                            ("warmstart.lora.enabled=false", "LoRA adapters only"),
+                            ("warmstart.seed_offset=0", "overlap the training seeds"),
+                            ("tasks.heldout_offset=5", "overlap the training seeds")):
+        with pytest.raises(ConfigError, match=match):
+            _config(tiny, tmp_path, override)
