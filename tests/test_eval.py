@@ -98,3 +98,18 @@ def test_hardening_crl_eval_kv_cache_flags(tmp_path, capsys):
         assert main(["eval", "--agent", f"hf:{model}", "--envs", "CRL/Sokoban-v0", "--episodes",
                      "2", "--max-new-tokens", "4", "--out", str(out), "--no-progress", *flags]) == 0
         assert json.loads((out / "report.json").read_text())["envs"][0]["episodes"] == 2
+
+
+def test_hardening_crl_eval_env_kwargs(tmp_path, capsys):
+    def run(text: str, name: str) -> int:
+        return main(["eval", "--agent", "scripted", "--envs", "CRL/MiniHackRoom-v0", "--episodes",
+                     "2", "--env-kwargs", text, "--out", str(tmp_path / name), "--no-progress"])
+
+    for text, message in (("{variant: dark", "not valid JSON"), ("[1, 2]", "JSON object"),
+                          ('{"no_such_arg": 1}', "do not fit CRL/MiniHackRoom-v0"),
+                          ("{" + " " * 5000 + "}", "at most 4096")):
+        assert run(text, "bad") == 2 and message in capsys.readouterr().err
+    assert run('{"variant": "dark", "max_episode_steps": 3}', "dark") == 0
+    report = json.loads((tmp_path / "dark" / "report.json").read_text())
+    assert report["meta"]["env_kwargs"] == {"variant": "dark", "max_episode_steps": 3}
+    assert all(e["steps"] <= 3 for e in report["episodes"])

@@ -12,6 +12,7 @@ from crl_harness.losses import (
     extractor_advantages,
     grpo_loss,
     sequence_token_weights,
+    sft_loss,
     subgroup_advantages,
 )
 
@@ -143,3 +144,11 @@ def test_split_sequences_and_microbatches_match_one_batch(loss_fn):
         total += terms.loss.item()
     assert total == pytest.approx(loss_fn(lp, old, adv, mask).loss.item(), abs=1e-6)
     assert torch.allclose(parts.grad, whole.grad, atol=1e-6)
+
+
+def test_sft_loss_is_weighted_nll_of_the_masked_tokens_by_hand():
+    weights = torch.tensor([0.2, 0.1])
+    terms = sft_loss(LOGPROBS, LOGPROBS * 0 + 9.0, ADVANTAGES, MASK, token_weight=weights)
+    by_hand = 0.2 * (1.0 + 2.0) + 0.1 * (0.5 + 1.5 + 3.0)  # row 0's third token is padding
+    assert terms.loss.item() == pytest.approx(by_hand)
+    assert (terms.tokens, terms.clipped_tokens) == (5, 0)
