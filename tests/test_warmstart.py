@@ -128,7 +128,8 @@ def _config(tiny, tmp_path, *overrides):
                                     f"run.output_dir={tmp_path}/run",
                                     f"warmstart.output_dir={tmp_path}/run/warmstart",
                                     "warmstart.episodes=3", "warmstart.extractor_samples=2",
-                                    "warmstart.batch_size=2", "warmstart.lora.r=4", *overrides])
+                                    "warmstart.batch_size=2", "warmstart.lora.r=4",
+                                    "warmstart.lora.top_layers=1", *overrides])
 
 
 def test_warmstart_writes_adapters_that_load_and_lower_the_loss(tiny, tmp_path):
@@ -175,3 +176,22 @@ def test_hardening_warmstart_bad_configs(tiny, tmp_path):
                             ("tasks.heldout_offset=5", "overlap the training seeds")):
         with pytest.raises(ConfigError, match=match):
             _config(tiny, tmp_path, override)
+
+
+def test_hardening_crl_warmstart_command_errors(tiny, tmp_path, capsys):
+    from crl_harness.cli import main
+
+    assert main(["warmstart", "cpu-demo", "warmstart.noise=2"]) == 2
+    assert "warmstart.noise" in capsys.readouterr().err
+    assert main(["warmstart", "cpu-demo", f"warmstart.model=hf:{tiny}",
+                 f"warmstart.output_dir={tmp_path}/w", "tasks.envs.0.id=CRL/ALFWorld-v0"]) == 2
+    assert "CRL/ALFWorld-v0 has none" in capsys.readouterr().err
+    assert not (tmp_path / "w" / "actor").exists()
+
+
+def test_hardening_missing_warm_start_says_how_to_make_it():
+    from crl_harness.models.base import ModelNotFoundError
+    from crl_harness.models.registry import load_backend
+
+    with pytest.raises(ModelNotFoundError, match="crl warmstart"):
+        load_backend("hf:assets/warmstart/no-such-run/actor")

@@ -3,9 +3,11 @@
 1. Plays every registered env that this machine can run with its scripted oracle (``crl eval
    --agent scripted``) and prints the results table; an env whose data or Docker daemon is
    missing is listed as skipped with the reason.
-2. Trains the embedded default (SmolLM2-135M, actor and extractor) with Complementary RL on the
-   ``cpu-demo`` config (``crl train cpu-demo``: minutes on a CPU, not a result).
-3. Evaluates the trained actor, with the bank it grew, on the env it trained on.
+2. Evaluates the warm-started actor (``assets/warmstart/cpu-demo``, or ``crl warmstart cpu-demo``
+   when absent) on held-out and on training levels of the ``cpu-demo`` task.
+3. Trains SmolLM2-135M, actor and extractor, with Complementary RL (``crl train cpu-demo``).
+4. Evaluates the trained actor with the bank it grew on the same levels, and prints before and
+   after with 95% intervals, the bank's size, the updates and the learning curve.
 
 ``--no-train`` stops after step 1.
 """
@@ -13,7 +15,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 
@@ -27,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="output folder (default runs/demo-TIMESTAMP)")
     parser.add_argument("--no-train", action="store_true",
                         help="only the scripted table: skip cpu-demo training and its evaluation")
-    parser.add_argument("--eval-episodes", type=int, default=4,
-                        help="episodes of the trained actor's evaluation (default 4)")
+    parser.add_argument("--eval-episodes", type=int, default=8,
+                        help="held-out episodes of the before/after evaluations (default 8; the "
+                             "training tasks are evaluated too, at most 8)")
 
 
 def runnable_envs(env_ids: list[str]) -> list[str]:
@@ -65,28 +70,86 @@ def run(args: argparse.Namespace) -> int:
     return train_and_evaluate(args.eval_episodes)
 
 
+def _evaluate(cfg: Any, actor: str, bank: Path | None, seeds: list[int], out: Path) -> Any:
+    """Greedy episodes of ``actor`` on ``seeds`` of the config's env (with ``bank`` when given):
+    the env's summary (success with its 95% Wilson interval)."""
+    from crl_harness.commands.eval import _RetrieveOnly
+    from crl_harness.eval import episode_specs, evaluate, summarize, write_report
+    from crl_harness.experience import ExperienceBank, ExperienceManager
+    from crl_harness.rollout import RolloutConfig
+
+    entry = cfg.tasks.envs[0]
+    retriever = None
+    if bank is not None and bank.exists():
+        retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(bank)))
+    rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
+                            history=cfg.actor.history, experience_k=cfg.experience.k,
+                            env_kwargs={entry.id: dict(entry.kwargs)})
+    trajectories = evaluate(actor, episode_specs([entry.id], seeds, retriever is not None),
+                            retriever=retriever, rollout=rollout)
+    write_report(out / "report.json", trajectories, meta={"agent": actor, "seeds": seeds})
+    return summarize(trajectories)[0]
+
+
 def train_and_evaluate(episodes: int) -> int:
-    """``crl train cpu-demo``, then ``crl eval`` of its last actor checkpoint with its bank."""
-    from crl_harness.commands import eval as eval_command
+    """The warm start (shipped, or ``crl warmstart cpu-demo`` when absent), held-out and
+    training-task success before, ``crl train cpu-demo``, the same evaluations after."""
     from crl_harness.commands import train as train_command
     from crl_harness.config import load_config
+    from crl_harness.models.registry import resolve_model_path
+    from crl_harness.warmstart import run_warmstart
 
-    print("\nTraining SmolLM2-135M with Complementary RL (crl train cpu-demo) ...")
+    cfg = load_config("cpu-demo")
+    run_dir = Path(cfg.run.output_dir)
+    if not Path(resolve_model_path(cfg.actor.model.removeprefix("hf:"))).exists():
+        print("\nWarm start (crl warmstart cpu-demo) ...")
+        run_warmstart(cfg)
+    t = cfg.tasks
+    sets = {"held-out": list(range(t.heldout_offset, t.heldout_offset + episodes)),
+            "training": list(range(t.seed_offset, t.seed_offset + min(t.seed_count, episodes)))}
+    print(f"\nEvaluating the warm-started actor ({cfg.actor.model}) ...")
+    before = {name: _evaluate(cfg, cfg.actor.model, None, seeds, run_dir / f"eval-before-{name}")
+              for name, seeds in sets.items()}
+
+    print("\nTraining with Complementary RL (crl train cpu-demo) ...")
     parser = argparse.ArgumentParser(prog="crl demo")
     train_command.add_arguments(parser)
     status = train_command.run(parser.parse_args(["cpu-demo"]))
     if status:
         return status
-    cfg = load_config("cpu-demo")
-    run_dir = Path(cfg.run.output_dir)
     actor = sorted((run_dir / "checkpoints").glob("step-*"))[-1] / "actor_hf"
-    env_id = cfg.tasks.envs[0].id
-    print(f"\nEvaluating the trained actor ({actor}) with its bank on {env_id} ...")
-    parser = argparse.ArgumentParser(prog="crl demo")
-    eval_command.add_arguments(parser)
-    return eval_command.run(parser.parse_args([
-        "--agent", f"hf:{actor}", "--envs", env_id, "--episodes", str(episodes),
-        "--experience", str(run_dir / "bank.sqlite"), "--temperature", "0",
-        "--max-new-tokens", str(cfg.actor.max_new_tokens),
-        *(["--history", str(cfg.actor.history)] if cfg.actor.history is not None else []),
-        "--out", str(run_dir / "eval")]))
+    print(f"\nEvaluating the trained actor ({actor}) with its bank ...")
+    bank = run_dir / "bank.sqlite"
+    after = {name: _evaluate(cfg, f"hf:{actor}", bank, seeds, run_dir / f"eval-after-{name}")
+             for name, seeds in sets.items()}
+    _print_summary(cfg, run_dir, before, after)
+    return 0
+
+
+def _print_summary(cfg: Any, run_dir: Path, before: dict, after: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+               if line.strip()]
+    table = Table(title=f"crl demo: {cfg.tasks.envs[0].id} {dict(cfg.tasks.envs[0].kwargs)}, "
+                        "greedy, success (95% Wilson interval)")
+    for column in ("tasks", "episodes", "warm start", "after training (with its bank)"):
+        table.add_column(column)
+    for name in before:
+        b, a = before[name], after[name]
+        table.add_row(name, str(b.episodes),
+                      f"{b.success_rate:.0%} [{b.ci_low:.0%}, {b.ci_high:.0%}]",
+                      f"{a.success_rate:.0%} [{a.ci_low:.0%}, {a.ci_high:.0%}]")
+    console = Console()
+    console.print(table)
+    last = metrics[-1] if metrics else {}
+    curve = ", ".join(f"{m.get('success/all', float('nan')):.2f}" for m in metrics)
+    console.print(
+        f"bank: {int(last.get('bank/size', 0))} entries; actor updates: "
+        f"{sum(1 for m in metrics if m.get('grad_norm/actor', 0) > 0)}; extractor updates: "
+        f"{int(last.get('extractor/updates', 0))} (non-zero advantages: "
+        f"{int(last.get('extractor/nonzero_advantages', 0))}); training success per step: "
+        f"{curve}")
+    console.print(f"learning curve: {run_dir / 'learning_curve.png'}; metrics: "
+                  f"{run_dir / 'metrics.jsonl'}")

@@ -111,7 +111,11 @@ def resolve_model_path(name_or_path: str) -> str:
     if name_or_path in MODELS:
         return str(resolve_model(name_or_path))
     shipped = CHECKOUT / name_or_path
-    if name_or_path.startswith("assets/") and not Path(name_or_path).exists() and shipped.exists():
+    if name_or_path.startswith("assets/") and not Path(name_or_path).exists():
+        if not shipped.exists():
+            raise ModelNotFoundError(
+                f"{name_or_path} does not exist (here or in {CHECKOUT}); a warm start writes it: "
+                "run crl warmstart CONFIG (its warmstart.output_dir), e.g. crl warmstart cpu-demo.")
         return str(shipped)
     return name_or_path
 
