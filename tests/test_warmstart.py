@@ -145,6 +145,7 @@ def test_warmstart_writes_adapters_that_load_and_lower_the_loss(tiny, tmp_path):
     changed = [name for name, p in warm.model.state_dict().items()
                if not p.equal(base.model.state_dict()[name])]
     assert any("q_proj" in name for name in changed)
+    assert all(p.requires_grad for p in warm.model.parameters())  # trainable, as a plain model
     assert (out / "extractor" / "adapter_model.safetensors").exists()
     assert not list(out.glob(".*"))  # no staging directory left behind
 
@@ -195,3 +196,30 @@ def test_hardening_missing_warm_start_says_how_to_make_it():
 
     with pytest.raises(ModelNotFoundError, match="crl warmstart"):
         load_backend("hf:assets/warmstart/no-such-run/actor")
+
+
+def test_demo_warm_starts_trains_and_reports_before_and_after(tiny, tmp_path, monkeypatch, capsys):
+    import crl_harness.config as config
+    from crl_harness.commands.demo import train_and_evaluate
+
+    real = config.load_config
+
+    def small(name, overrides=()):
+        return real(name, [*overrides, f"warmstart.model=hf:{tiny}",
+                           f"actor.model=hf:{tmp_path}/w/actor",
+                           f"extractor.model=hf:{tmp_path}/w/extractor",
+                           f"warmstart.output_dir={tmp_path}/w", f"run.output_dir={tmp_path}/run",
+                           "run.steps=2", "run.tensorboard=false", "warmstart.episodes=2",
+                           "warmstart.extractor_samples=1", "warmstart.epochs=1",
+                           "warmstart.lora.top_layers=1", "warmstart.lora.r=4",
+                           "tasks.envs.0.kwargs.max_episode_steps=2", "actor.max_new_tokens=8",
+                           "extractor.max_new_tokens=8", "extractor.train_after=1"])
+
+    monkeypatch.setattr(config, "load_config", small)
+    assert train_and_evaluate(2) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "w" / "actor" / "adapter_config.json").exists()  # warm start ran first
+    assert "held-out" in out and "training" in out and "bank:" in out
+    for phase in ("before", "after"):
+        report = json.loads((tmp_path / "run" / f"eval-{phase}-held-out" / "report.json").read_text())
+        assert [e["seed"] for e in report["episodes"]] == [50_000_000, 50_000_001]

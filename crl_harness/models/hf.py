@@ -144,6 +144,9 @@ class HFBackend:
                 from peft import PeftModel
 
                 self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
+                # peft froze the base for inference; a merged model is a plain model again, which
+                # the trainer may fine-tune in full
+                self.model.requires_grad_(True)
         except OSError as err:
             raise ModelNotFoundError(
                 f"Could not load a transformers model from {path!r}: {err}. Pass a local model "
