@@ -395,8 +395,10 @@ def _validate(cfg: TrainConfig, source: str) -> None:
              "use same or hf:NAME_OR_PATH, or arm=static for a frozen extractor")
     if cfg.run.torch_threads < 0:
         fail("run.torch_threads", "must be >= 0 (0: torch's default)")
-    if t.seed_offset < 0 or t.heldout_offset < 0:
-        fail("tasks.seed_offset", "seeds must be >= 0")
+    for key, value in (("tasks.seed_offset", t.seed_offset),
+                       ("tasks.heldout_offset", t.heldout_offset)):
+        if value < 0:
+            fail(key, f"seeds must be >= 0, got {value}")
     ranges = {"training": range(t.seed_offset, t.seed_offset + t.seed_count),
               "held-out": range(t.heldout_offset, t.heldout_offset + HELDOUT_RESERVED)}
 

@@ -145,6 +145,8 @@ def test_warmstart_writes_adapters_that_load_and_lower_the_loss(tiny, tmp_path):
     changed = [name for name, p in warm.model.state_dict().items()
                if not p.equal(base.model.state_dict()[name])]
     assert any("q_proj" in name for name in changed)
+    # lora.top_layers=1 of the tiny model's 2 layers: layer 0 keeps the base weights
+    assert changed and all("layers.1." in name for name in changed)
     assert all(p.requires_grad for p in warm.model.parameters())  # trainable, as a plain model
     assert (out / "extractor" / "adapter_model.safetensors").exists()
     assert not list(out.glob(".*"))  # no staging directory left behind
@@ -174,7 +176,8 @@ def test_hardening_warmstart_bad_configs(tiny, tmp_path):
                             ("warmstart.episodes=0", "warmstart.episodes"),
                             ("warmstart.lora.enabled=false", "LoRA adapters only"),
                             ("warmstart.seed_offset=0", "overlap the training seeds"),
-                            ("tasks.heldout_offset=5", "overlap the training seeds")):
+                            ("tasks.heldout_offset=5", "overlap the training seeds"),
+                            ("tasks.heldout_offset=-1", "tasks.heldout_offset")):
         with pytest.raises(ConfigError, match=match):
             _config(tiny, tmp_path, override)
 

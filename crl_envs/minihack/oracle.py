@@ -20,11 +20,11 @@ import gymnasium as gym
 
 from crl_envs.minihack.render import OPEN_DOOR, UNEXPLORED
 
-__all__ = ["ParsedView", "parse_observation", "MiniHackOracle"]
+__all__ = ["MOVES", "ParsedView", "parse_observation", "MiniHackOracle"]
 
 Cell = tuple[int, int]
 
-_MOVES: dict[str, Cell] = {
+MOVES: dict[str, Cell] = {  # action -> (dx, dy); y grows south
     "north": (0, -1),
     "south": (0, 1),
     "east": (1, 0),
@@ -115,7 +115,7 @@ def _paths(view: ParsedView, blocked: set[tuple[Cell, Cell]]) -> dict[Cell, tupl
         reached[cell] = (cost, first)
         if view.cells.get(cell) == UNEXPLORED and cell != start:
             continue
-        for name, (dx, dy) in _MOVES.items():
+        for name, (dx, dy) in MOVES.items():
             nxt = (cell[0] + dx, cell[1] + dy)
             if nxt in reached or (cell, nxt) in blocked:
                 continue
@@ -181,8 +181,8 @@ class MiniHackOracle:
         if self._last is None:
             return
         cell, action = self._last
-        if action in _MOVES and view.hero == cell and _adjacent_monster(view) is None:
-            dx, dy = _MOVES[action]
+        if action in MOVES and view.hero == cell and _adjacent_monster(view) is None:
+            dx, dy = MOVES[action]
             self._blocked.add((cell, (cell[0] + dx, cell[1] + dy)))
 
     def _choose(self, view: ParsedView) -> str:
@@ -216,7 +216,7 @@ class MiniHackOracle:
                 continue
             unknown = sum(
                 view.cells.get((cell[0] + dx, cell[1] + dy), UNEXPLORED) == UNEXPLORED
-                for dx, dy in _MOVES.values()
+                for dx, dy in MOVES.values()
             )
             score = cost - _INFORMATION_WEIGHT * unknown
             if best is None or score < best[0]:
@@ -237,12 +237,12 @@ class MiniHackOracle:
             return None  # the door is open (or not in the way): go to the stairs
         for door in view.find("+"):
             for name in ("north", "south", "east", "west"):
-                dx, dy = _MOVES[name]
+                dx, dy = MOVES[name]
                 if view.hero == (door[0] - dx, door[1] - dy):
                     return f"apply key {name}"
             beside = {
                 (door[0] - dx, door[1] - dy)
-                for dx, dy in (_MOVES[n] for n in ("north", "south", "east", "west"))
+                for dx, dy in (MOVES[n] for n in ("north", "south", "east", "west"))
                 if view.cells.get((door[0] - dx, door[1] - dy)) in (".", "(", ">", "<")
             }
             step = _cheapest_first_step(view, beside, self._blocked)
@@ -266,7 +266,7 @@ class MiniHackOracle:
         return None
 
 
-_NAMES = {offset: name for name, offset in _MOVES.items()}
+_NAMES = {offset: name for name, offset in MOVES.items()}
 _FLOOR = (".", "<", ">")
 
 
@@ -283,7 +283,7 @@ def _walk(floor: set[Cell], obstacles: set[Cell], start: Cell, goal: Cell) -> li
                     path.append(cell)
                     cell = previous[cell]
                 return path[::-1]
-            for dx, dy in _MOVES.values():
+            for dx, dy in MOVES.values():
                 nxt = (cell[0] + dx, cell[1] + dy)
                 if nxt in floor and nxt not in obstacles and nxt not in previous:
                     previous[nxt] = cell
@@ -386,7 +386,7 @@ def _distance(a: Cell, b: Cell) -> int:
 def _adjacent_monster(view: ParsedView) -> str | None:
     """The move that attacks an adjacent monster, if there is one."""
     hx, hy = view.hero
-    for name, (dx, dy) in _MOVES.items():
+    for name, (dx, dy) in MOVES.items():
         if view.cells.get((hx + dx, hy + dy), "").isalpha() and _step_cost(view, view.hero, (hx + dx, hy + dy)):
             return name
     return None

@@ -23,9 +23,9 @@ from typing import Any
 from crl_envs.data import cache_dir
 from crl_harness.models.base import ModelBackend, ModelNotFoundError
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-
 __all__ = ["PackagedModel", "MODELS", "resolve_model", "resolve_model_path", "load_backend"]
+
+CHECKOUT = Path(__file__).resolve().parents[2]  # where the shipped assets/ lie
 
 
 @dataclass(frozen=True)

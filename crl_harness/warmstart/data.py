@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from crl_envs.minihack.oracle import parse_observation
 from crl_envs.oracles import make_oracle
 from crl_harness.experience.bank import ExperienceEntry
 from crl_harness.experience.manager import DistillationRequest, distill_prompt
@@ -24,9 +25,6 @@ from crl_harness.warmstart.reasons import REASONS, random_reason
 
 __all__ = ["AdvisedEpisode", "route_advice", "play_oracle_episode", "actor_episodes",
            "extractor_sample", "reply_ids"]
-
-_HERO_LINE = "You (@) are at "
-
 
 @dataclass
 class AdvisedEpisode:
@@ -46,22 +44,15 @@ class _FixedAdvice:
         return [self.entry][:k]
 
 
-def _start_of(observation: str) -> str:
-    """Where the agent starts, as the first observation says (MiniHack); '' if it does not."""
-    for line in observation.splitlines():
-        if line.startswith(_HERO_LINE):
-            return line.removeprefix(_HERO_LINE).split(".")[0]  # "x=36, y=10"
-    return ""
-
-
 def route_advice(env_id: str, trajectory: Trajectory, entry_id: str = "advice") -> ExperienceEntry:
     """The lesson of a won episode: its moves from the start, keyed by where it started.
 
     The title carries the start position (MiniHack) so that retrieval by the next episode's first
     observation finds the entry of the same level.
     """
-    start = _start_of(trajectory.turns[0].observation) if trajectory.turns else ""
-    title = f"Winning moves from {start}" if start else "Winning moves of this level"
+    view = parse_observation(trajectory.turns[0].observation) if trajectory.turns else None
+    title = (f"Winning moves from x={view.hero[0]}, y={view.hero[1]}" if view is not None
+             else "Winning moves of this level")
     moves = ", ".join(t.action or "" for t in trajectory.turns)
     return ExperienceEntry(entry_id, env_id, title, f"from the start, play {moves}.")
 

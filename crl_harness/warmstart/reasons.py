@@ -12,14 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from crl_envs.minihack.oracle import parse_observation
+from crl_envs.minihack.oracle import MOVES, parse_observation
 
 __all__ = ["REASONS", "minihack_reason", "sokoban_reason", "random_reason"]
-
-_OFFSETS = {
-    "north": (0, -1), "south": (0, 1), "east": (1, 0), "west": (-1, 0),
-    "northeast": (1, -1), "northwest": (-1, -1), "southeast": (1, 1), "southwest": (-1, 1),
-}
 
 
 def minihack_reason(observation: str, action: str) -> str:
@@ -40,8 +35,8 @@ def minihack_reason(observation: str, action: str) -> str:
         return f"{here}; the key ( lies here; I pick it up."
     if action.startswith("apply key"):
         return f"{here}; I carry the key and the locked door + is {action.split()[-1]}; I unlock it."
-    if action in _OFFSETS:
-        dx, dy = _OFFSETS[action]
+    if action in MOVES:
+        dx, dy = MOVES[action]
         target = view.cells.get((hx + dx, hy + dy), "")
         if target.isalpha():
             return f"{here}; a monster ({target}) is {action} of me; I attack it."

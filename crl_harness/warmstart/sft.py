@@ -16,6 +16,7 @@ learns the answer format and the oracle's moves within minutes on a CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -69,8 +70,7 @@ def fit(model: Any, rows: list[TrainingRow], *, lr: float, epochs: int, batch_si
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
             targets = sum(r.trained_tokens for r in batch)
-            weighted = [TrainingRow(r.prompt_ids, r.completion_ids, r.old_logprobs, 1.0,
-                                    1.0 / targets, r.completion_mask) for r in batch]
+            weighted = [dataclasses.replace(r, token_weight=1.0 / targets) for r in batch]
             stats = learner.update(weighted, sft_loss)
             losses.append(stats.loss)
             log(f"warmstart {label} epoch {epoch + 1}/{epochs} step {len(losses)}/{steps}: "
