@@ -1,16 +1,16 @@
 """The three arms side by side: Complementary RL (co-evolve), a static extractor, and no
-experience (plain GRPO), from the same config and the same seeds.
+experience (plain GRPO), from the same warm start and the same task seeds.
 
-    .venv/bin/python benchmarks/efficacy.py --steps 4 --repeats 1
-    .venv/bin/python benchmarks/efficacy.py --actor hf:runs/warm/checkpoints/step-000050/actor_hf
+    .venv/bin/python benchmarks/efficacy.py                      # cpu-demo, 3 arms x 3 seeds
+    .venv/bin/python benchmarks/efficacy.py --steps 2 --repeats 1 --arms co-evolve none
 
-For each arm and repeat it trains a fresh run (``--config``, default ``cpu-demo``, with
-``--set key=value`` overrides) and reads its ``metrics.jsonl``. It prints, per step, the median
-over repeats of the success rate of every arm (all rollouts, and guided vs free where the arm
-has experience), the mean over steps, and writes ``efficacy.png`` and ``efficacy.json`` into
-``--out``. Run seeds are ``--seed``, ``--seed + 1``, ...: the arms of one repeat see the same
-task seeds (the task sampler depends only on the run seed and the step).
-"""
+For each arm and repeat it trains a fresh run (``--config``, default ``cpu-demo``, whose actor and
+extractor start from the shipped warm start; ``--set key=value`` overrides every arm) and reads
+its ``metrics.jsonl``. It prints the training-task success per step with the rollouts of the
+repeats pooled (95% Wilson intervals), a markdown table (final-step success, mean over steps,
+guided vs free subgroups) and writes ``efficacy.png`` and ``efficacy.json`` into ``--out``. Run
+seeds are ``--seed``, ``--seed + 1``, ...: the arms of one repeat see the same task seeds (the
+task sampler depends only on the run seed and the step)."""
 
 from __future__ import annotations
 
@@ -23,15 +23,17 @@ from pathlib import Path
 ARMS = ("co-evolve", "static", "none")
 
 
-def run_arm(config: str, arm: str, actor: str | None, seed: int, steps: int, out: Path,
+def run_arm(config: str, arm: str, actor: str | None, seed: int, steps: int | None, out: Path,
             overrides: list[str]) -> list[dict]:
     from crl_harness.config import load_config
     from crl_harness.trainer import Trainer
     from crl_harness.training.metrics import read_metrics
 
     run_dir = out / f"{arm}-seed{seed}"
-    settings = [*overrides, f"arm={arm}", f"run.seed={seed}", f"run.steps={steps}",
-                f"run.output_dir={run_dir}", "run.checkpoint_every=1000000"]
+    settings = [*overrides, f"arm={arm}", f"run.seed={seed}", f"run.output_dir={run_dir}",
+                "run.checkpoint_every=1000000"]
+    if steps is not None:
+        settings.append(f"run.steps={steps}")
     if actor:
         settings.append(f"actor.model={actor}")
     cfg = load_config(config, settings)
@@ -41,9 +43,25 @@ def run_arm(config: str, arm: str, actor: str | None, seed: int, steps: int, out
     return read_metrics(run_dir / "metrics.jsonl")
 
 
-def median_curve(runs: list[list[dict]], key: str) -> list[float]:
-    steps = min(len(r) for r in runs)
-    return [statistics.median(r[i].get(key, float("nan")) for r in runs) for i in range(steps)]
+def pooled_curve(runs: list[list[dict]], part: str) -> list[dict]:
+    """Per step, the rollouts of ``part`` (all, guided, free) pooled over the runs: successes,
+    episodes, rate and 95% Wilson interval."""
+    from crl_harness.eval import wilson_interval
+
+    curve = []
+    for i in range(min(len(r) for r in runs)):
+        n = sum(int(r[i].get(f"episodes/{part}", 0)) for r in runs)
+        wins = sum(round(r[i][f"success/{part}"] * r[i][f"episodes/{part}"]) for r in runs
+                   if r[i].get(f"episodes/{part}"))
+        low, high = wilson_interval(wins, n) if n else (float("nan"), float("nan"))
+        curve.append({"successes": wins, "episodes": n,
+                      "rate": wins / n if n else float("nan"), "interval": [low, high]})
+    return curve
+
+
+def _cell(point: dict) -> str:
+    return (f"{100 * point['rate']:.0f}% [{100 * point['interval'][0]:.0f}, "
+            f"{100 * point['interval'][1]:.0f}]")
 
 
 def main() -> None:
@@ -51,8 +69,9 @@ def main() -> None:
     parser.add_argument("--config", default="cpu-demo")
     parser.add_argument("--actor", default=None,
                         help="actor model spec, e.g. hf:RUN/checkpoints/step-000010/actor_hf")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps of every run (default: the config's run.steps)")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=ARMS)
     parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
@@ -60,33 +79,40 @@ def main() -> None:
     parser.add_argument("--out", default="runs/efficacy")
     args = parser.parse_args()
 
+    if not 1 <= args.repeats <= 20 or (args.steps is not None and not 1 <= args.steps <= 10_000):
+        parser.error("--repeats must be in 1..20 and --steps in 1..10000")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     results: dict[str, list[list[dict]]] = {arm: [] for arm in args.arms}
     for repeat in range(args.repeats):
         for arm in args.arms:
             results[arm].append(run_arm(args.config, arm, args.actor, args.seed + repeat,
                                         args.steps, out, args.set))
 
-    curves: dict[str, dict[str, list[float]]] = {}
-    for arm, runs in results.items():
-        keys = ["success/all"] + (["success/guided", "success/free"] if arm != "none" else [])
-        curves[arm] = {key: median_curve(runs, key) for key in keys}
-    header = "step  " + "  ".join(f"{arm:>10}" for arm in args.arms)
-    print(f"\nsuccess rate per step (median over {args.repeats} repeat(s)), all rollouts")
-    print(header)
-    for i in range(min(len(c["success/all"]) for c in curves.values())):
-        print(f"{i + 1:>4}  " + "  ".join(f"{curves[a]['success/all'][i]:>10.3f}"
-                                          for a in args.arms))
-    print("mean  " + "  ".join(f"{statistics.fmean(curves[a]['success/all']):>10.3f}"
-                               for a in args.arms))
+    curves = {arm: {part: pooled_curve(runs, part)
+                    for part in (("all", "guided", "free") if arm != "none" else ("all",))}
+              for arm, runs in results.items()}
+    steps = min(len(c["all"]) for c in curves.values())
+    print(f"\ntraining-task success per step, rollouts pooled over {args.repeats} seed(s), "
+          "95% Wilson intervals")
+    print("step  " + "".join(f"{arm:>18}" for arm in args.arms))
+    for i in range(steps):
+        print(f"{i + 1:>4}  " + "".join(f"{_cell(curves[a]['all'][i]):>18}" for a in args.arms))
+    print("\n| arm | final-step success | mean over steps | guided (mean) | free (mean) |")
+    print("|---|---|---|---|---|")
     for arm in args.arms:
-        if arm != "none":
-            g, f = curves[arm]["success/guided"], curves[arm]["success/free"]
-            print(f"{arm}: guided {statistics.fmean(g):.3f} vs free {statistics.fmean(f):.3f} "
-                  "(mean over steps)")
+        c = curves[arm]
+        mean = {part: statistics.fmean(p["rate"] for p in c[part]) for part in c}
+        guided = f"{100 * mean['guided']:.0f}%" if "guided" in mean else "-"
+        free = f"{100 * mean['free']:.0f}%" if "free" in mean else "-"
+        print(f"| {arm} | {_cell(c['all'][steps - 1])} | {100 * mean['all']:.0f}% | {guided} | "
+              f"{free} |")
+    print(f"\n{args.repeats} seed(s) x {len(args.arms)} arm(s) in "
+          f"{time.perf_counter() - started:.0f} s")
 
-    (out / "efficacy.json").write_text(json.dumps({"args": vars(args), "curves": curves},
+    (out / "efficacy.json").write_text(json.dumps({"args": vars(args), "curves": curves,
+                                                  "seconds": time.perf_counter() - started},
                                                   indent=2))
     import matplotlib
 
@@ -95,10 +121,13 @@ def main() -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for arm in args.arms:
-        ys = curves[arm]["success/all"]
-        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=arm)
+        points = curves[arm]["all"]
+        xs = range(1, len(points) + 1)
+        ax.plot(xs, [p["rate"] for p in points], marker="o", label=arm)
+        ax.fill_between(xs, [p["interval"][0] for p in points],
+                        [p["interval"][1] for p in points], alpha=0.15)
     ax.set_xlabel("step")
-    ax.set_ylabel("success rate (all rollouts)")
+    ax.set_ylabel("training-task success (pooled, 95% CI)")
     ax.set_title(f"{args.config}: three arms, {args.repeats} repeat(s)")
     ax.legend()
     ax.grid(alpha=0.3)

@@ -285,11 +285,13 @@ class Trainer:
         m: dict[str, float] = {}
         won = [float(t.won) for t in trajectories]
         m["success/all"] = _mean(won)
+        m["episodes/all"] = len(won)  # with the rates, pooled intervals over runs
         m["reward/all"] = _mean([t.reward for t in trajectories])
         if self.cfg.uses_experience:
             for name, flag in (("guided", True), ("free", False)):
                 part = [t for t in trajectories if t.use_experience == flag]
                 m[f"success/{name}"] = _mean([float(t.won) for t in part])
+                m[f"episodes/{name}"] = len(part)
                 m[f"reward/{name}"] = _mean([t.reward for t in part])
         by_env: dict[str, list[float]] = defaultdict(list)
         for t in trajectories:

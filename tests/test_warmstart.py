@@ -9,7 +9,7 @@ import random
 import pytest
 
 from crl_harness.config import ConfigError, load_config
-from crl_harness.experience.operations import parse_distillation
+from crl_harness.experience.operations import Vote, parse_distillation
 from crl_harness.models import HFBackend
 from crl_harness.models.base import Generation, encode_chat
 from crl_harness.models.tiny import build_tiny_model
@@ -21,6 +21,7 @@ from crl_harness.warmstart.data import (
     extractor_sample,
     play_oracle_episode,
     route_advice,
+    winning_route,
 )
 from crl_harness.warmstart.sft import sample_rows
 
@@ -94,15 +95,51 @@ def test_noise_teaches_random_allowed_moves(backend):
     assert all(think.startswith("I try ") for think in thinks)
 
 
+def test_winning_route_is_a_shortest_walk_over_the_cells_seen(backend):
+    # A wandering noisy attempt that still wins: its route keeps no detours.
+    first = next(t for s in range(20) if (t := _play(backend, seed=s, noise=0.5,
+                                                     rng=random.Random(s))).won and t.steps >= 3)
+    route = winning_route(first)
+    assert 1 <= len(route) <= first.steps
+    replay = _play(backend, seed=first.seed, route=route)
+    assert replay.won and replay.steps == len(route)
+
+
 def test_advice_is_in_the_system_prompt_and_followed(backend):
     first = _play(backend, seed=3)
-    entry = route_advice(ROOM, first)
+    route = winning_route(first)
+    entry = route_advice(ROOM, first.turns[0].observation, route)
     assert entry.title.startswith("Winning moves from x=")
-    advised = _play(backend, seed=3, advice=entry, route=first)
+    advised = _play(backend, seed=3, advice=entry, route=route)
     system = backend.tokenizer.decode(advised.turns[0].prompt_token_ids)
     assert entry.text in system
-    assert [t.action for t in advised.turns] == [t.action for t in first.turns]
+    assert [t.action for t in advised.turns] == route and advised.won
     assert all("advice" in parse_answer(t.text).think for t in advised.turns)
+
+
+def test_another_levels_advice_is_set_aside(backend):
+    first = _play(backend, seed=3)
+    other = route_advice(ROOM, first.turns[0].observation, winning_route(first))
+    traj = _play(backend, seed=4, advice=other)
+    assert other.text in backend.tokenizer.decode(traj.turns[0].prompt_token_ids)
+    assert parse_answer(traj.turns[0].text).think.startswith("The advice is for another start")
+    plain = _play(backend, seed=4)
+    assert [t.action for t in traj.turns] == [t.action for t in plain.turns]
+
+
+def test_actor_episodes_mix_followed_and_foreign_advice(backend):
+    episodes = actor_episodes(ROOM, list(range(12)), noise=0.0, experience_fraction=1.0,
+                              rng=random.Random(1), tokenizer=backend.tokenizer,
+                              max_context=backend.max_context, max_new_tokens=64, history=None,
+                              env_kwargs=DARK)
+    followed = [e for e in episodes if e.advice is not None and e.followed]
+    foreign = [e for e in episodes if e.advice is not None and not e.followed]
+    assert followed and foreign and all(e.trajectory.won for e in followed)
+    for e in foreign:  # another level's entry: the extractor neither upvotes nor downvotes it
+        sample = extractor_sample(e, tokenizer=backend.tokenizer, max_ops=3,
+                                  max_transcript_chars=2000)
+        parsed = parse_distillation(sample.text, 1)
+        assert parsed.ok and not any(isinstance(op, Vote) for op in parsed.ops)
 
 
 def test_extractor_answers_parse_and_follow_the_outcome(backend):

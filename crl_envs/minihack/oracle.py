@@ -12,6 +12,7 @@ Holds:
 from __future__ import annotations
 
 import heapq
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,8 @@ import gymnasium as gym
 
 from crl_envs.minihack.render import OPEN_DOOR, UNEXPLORED
 
-__all__ = ["MOVES", "ParsedView", "parse_observation", "MiniHackOracle"]
+__all__ = ["MOVES", "ParsedView", "parse_observation", "shortest_walk", "moves_along",
+           "MiniHackOracle"]
 
 Cell = tuple[int, int]
 
@@ -270,7 +272,7 @@ _NAMES = {offset: name for name, offset in MOVES.items()}
 _FLOOR = (".", "<", ">")
 
 
-def _walk(floor: set[Cell], obstacles: set[Cell], start: Cell, goal: Cell) -> list[Cell] | None:
+def shortest_walk(floor: set[Cell], obstacles: set[Cell], start: Cell, goal: Cell) -> list[Cell] | None:
     """A shortest 8-way walk (the cells after ``start``) over known floor, avoiding obstacles."""
     previous: dict[Cell, Cell] = {start: start}
     frontier = [start]
@@ -290,6 +292,12 @@ def _walk(floor: set[Cell], obstacles: set[Cell], start: Cell, goal: Cell) -> li
                     nxt_frontier.append(nxt)
         frontier = nxt_frontier
     return None
+
+
+def moves_along(start: Cell, path: list[Cell]) -> list[str]:
+    """The move names that walk ``path`` (the cells after ``start``, each next to the last)."""
+    cells = [start, *path]
+    return [_NAMES[(b[0] - a[0], b[1] - a[1])] for a, b in itertools.pairwise(cells)]
 
 
 @dataclass
@@ -316,7 +324,7 @@ def _push(floor: set[Cell], boulders: set[Cell], hero: Cell, boulder: Cell, wate
         for i, (ox, oy) in enumerate(order):
             behind, ahead = (at[0] - ox, at[1] - oy), (at[0] + ox, at[1] + oy)
             if here != behind:
-                path = _walk(floor, others | {at}, here, behind)
+                path = shortest_walk(floor, others | {at}, here, behind)
                 if path is None:
                     break
                 for cell in path:

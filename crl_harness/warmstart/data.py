@@ -3,9 +3,10 @@
 Holds ``play_oracle_episode`` (one episode through the engine's own ``LiveEpisode``: same env
 wrappers, system prompt, history and chat template; the replies are the oracle's actions with a
 reason read from the observation), ``route_advice`` (the experience entry "winning moves of an
-earlier attempt at this level"), ``actor_episodes`` (the mix of plain, noisy and advised
-episodes) and ``extractor_sample`` (the Experience Manager's distillation prompt for an episode
-with an operations answer built from its transcript).
+earlier attempt at this level"), ``winning_route`` (the shortest route an earlier attempt's
+observations show), ``actor_episodes`` (the mix of plain, noisy and advised episodes) and
+``extractor_sample`` (the Experience Manager's distillation prompt for an episode with an
+operations answer built from its transcript).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from crl_envs.minihack.oracle import parse_observation
+from crl_envs.minihack.oracle import moves_along, parse_observation, shortest_walk
 from crl_envs.oracles import make_oracle
 from crl_harness.experience.bank import ExperienceEntry
 from crl_harness.experience.manager import DistillationRequest, distill_prompt
@@ -23,8 +24,11 @@ from crl_harness.models.base import encode_chat
 from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env, transcript_of
 from crl_harness.warmstart.reasons import REASONS, random_reason
 
-__all__ = ["AdvisedEpisode", "route_advice", "play_oracle_episode", "actor_episodes",
-           "extractor_sample", "reply_ids"]
+__all__ = ["AdvisedEpisode", "route_advice", "winning_route", "earlier_route",
+           "play_oracle_episode", "actor_episodes", "extractor_sample", "reply_ids"]
+
+EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
+FOREIGN_SHARE = 1 / 3  # of the advised episodes: shown another level's route, taught to set it aside
 
 @dataclass
 class AdvisedEpisode:
@@ -32,6 +36,7 @@ class AdvisedEpisode:
 
     trajectory: Trajectory
     advice: ExperienceEntry | None = None
+    followed: bool = True  # False: the entry was another level's and the episode set it aside
 
 
 class _FixedAdvice:
@@ -44,17 +49,37 @@ class _FixedAdvice:
         return [self.entry][:k]
 
 
-def route_advice(env_id: str, trajectory: Trajectory, entry_id: str = "advice") -> ExperienceEntry:
-    """The lesson of a won episode: its moves from the start, keyed by where it started.
+def route_advice(env_id: str, start_observation: str, moves: list[str],
+                 entry_id: str = "advice") -> ExperienceEntry:
+    """The lesson "from the start, play MOVES", keyed by where the episode started.
 
     The title carries the start position (MiniHack) so that retrieval by the next episode's first
-    observation finds the entry of the same level.
+    observation (which states the hero's x and y) finds the entry of the same level.
     """
-    view = parse_observation(trajectory.turns[0].observation) if trajectory.turns else None
+    view = parse_observation(start_observation)
     title = (f"Winning moves from x={view.hero[0]}, y={view.hero[1]}" if view is not None
              else "Winning moves of this level")
-    moves = ", ".join(t.action or "" for t in trajectory.turns)
-    return ExperienceEntry(entry_id, env_id, title, f"from the start, play {moves}.")
+    return ExperienceEntry(entry_id, env_id, title, f"from the start, play {', '.join(moves)}.")
+
+
+def winning_route(trajectory: Trajectory) -> list[str]:
+    """The moves from the start to the goal that a won attempt's observations show.
+
+    MiniHack: a shortest walk from the start over the floor cells the attempt saw (exploring in
+    the dark wanders; the lesson should not). Otherwise (Sokoban): the attempt's own moves.
+    """
+    views = [parse_observation(t.observation) for t in trajectory.turns]
+    if views and all(views):
+        cells: dict[tuple[int, int], str] = {}
+        for view in views:
+            cells.update(view.cells)
+        floor = {cell for cell, char in cells.items() if char in (".", "<", ">")}
+        stairs = [cell for cell, char in cells.items() if char == ">"]
+        start = views[0].hero
+        walk = shortest_walk(floor, set(), start, stairs[0]) if stairs else None
+        if walk:
+            return moves_along(start, walk)
+    return [t.action or "" for t in trajectory.turns]
 
 
 def reply_ids(tokenizer: Any, text: str) -> list[int]:
@@ -68,15 +93,16 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
                         options: dict[str, Any] | None = None, noise: float = 0.0,
                         rng: random.Random | None = None,
                         advice: ExperienceEntry | None = None,
-                        route: Trajectory | None = None) -> Trajectory:
+                        route: list[str] | None = None) -> Trajectory:
     """Play one episode with the scripted oracle, recording each turn as the engine would.
 
     Each turn's prompt is what ``RolloutEngine`` would send (``LiveEpisode``'s conversation,
     trimmed to ``max_context - max_new_tokens``, encoded with the chat template); the reply is
     ``<think>REASON</think><answer>ACTION</answer>`` + EOS. With probability ``noise`` a turn
     plays and teaches a random allowed action instead. With ``advice`` the system prompt
-    carries the entry, and while the episode retraces ``route`` (the attempt the advice was
-    written from) it plays the route's next move and says so.
+    carries the entry, and for the first ``len(route)`` turns it plays the route's moves (the
+    ones the advice names) and says so; with ``advice`` and no ``route`` the entry is another
+    level's, and the first reason says it is set aside.
     """
     if env_id not in REASONS:
         raise ValueError(f"No observation-only oracle reasons for {env_id}; warm start supports "
@@ -95,16 +121,16 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
             observation, info = episode.observation, episode.info
             planned = oracle.act(observation, info)
             t = traj.steps
-            if route is not None and t < len(route.turns) and \
-                    route.turns[t].observation == observation:
-                action = route.turns[t].action or planned
-                reason = (f"The advice's winning moves: move {t + 1} of {len(route.turns)} "
-                          f"is {action}.")
+            if route is not None and t < len(route):
+                action = route[t]
+                reason = f"The advice's winning moves: move {t + 1} of {len(route)} is {action}."
             elif noise and rng.random() < noise and info.get("admissible_actions"):
                 action = rng.choice(list(info["admissible_actions"]))
                 reason = random_reason(observation, action)
             else:
                 action, reason = planned, REASONS[env_id](observation, planned)
+            if advice is not None and route is None and t == 0:
+                reason = f"The advice is for another start; I set it aside. {reason}"
             text = f"<think>{reason}</think><answer>{action}</answer>"
             messages = episode.conversation.messages(
                 budget, lambda m: len(encode_chat(tokenizer, m)))
@@ -126,20 +152,45 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
         env.close()
 
 
+def earlier_route(env_id: str, seed: int, **play: Any) -> tuple[str, list[str]] | None:
+    """An earlier attempt at level ``seed``: the oracle plays without noise and without hurry
+    (``EARLIER_ATTEMPT_STEPS``); if it wins, its first observation and ``winning_route``."""
+    attempt_kwargs = {**(play.get("env_kwargs") or {}), "max_episode_steps": EARLIER_ATTEMPT_STEPS}
+    attempt = play_oracle_episode(env_id, seed, **{**play, "env_kwargs": attempt_kwargs})
+    if not attempt.won:
+        return None
+    return attempt.turns[0].observation, winning_route(attempt)
+
+
 def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fraction: float,
                    rng: random.Random, **play: Any) -> list[AdvisedEpisode]:
-    """One episode per seed: ``experience_fraction`` of them replay a noise-free earlier attempt
-    that won, with its route in the system prompt; the others play with ``noise``."""
-    episodes = []
+    """One episode per seed. ``experience_fraction`` of them carry an entry: mostly the route that
+    an earlier, unhurried, noise-free attempt at the same level found, which the episode follows
+    (if following it does not win, a plain episode replaces it: the actor only learns to follow
+    advice that is right); ``FOREIGN_SHARE`` of them another level's route, which the episode
+    sets aside (a bank holds entries of other levels; retrieval can bring one). The others play
+    with ``noise``."""
+    episodes: list[AdvisedEpisode] = []
+    own_routes: list[ExperienceEntry] = []
     for seed in seeds:
         if rng.random() < experience_fraction:
-            first = play_oracle_episode(env_id, seed, rng=rng, **play)
-            if first.won:
-                entry = route_advice(env_id, first, entry_id=f"route-{seed}")
-                traj = play_oracle_episode(env_id, seed, rng=rng, advice=entry, route=first,
+            found = earlier_route(env_id, seed, **play)
+            if found is not None:
+                start, route = found
+                entry = route_advice(env_id, start, route, entry_id=f"route-{seed}")
+                foreign = [e for e in own_routes if e.title != entry.title]
+                if foreign and rng.random() < FOREIGN_SHARE:
+                    other = rng.choice(foreign)
+                    episodes.append(AdvisedEpisode(play_oracle_episode(
+                        env_id, seed, noise=noise, rng=rng, advice=other, **play), other,
+                        followed=False))
+                    continue
+                own_routes.append(entry)
+                traj = play_oracle_episode(env_id, seed, rng=rng, advice=entry, route=route,
                                            **play)
-                episodes.append(AdvisedEpisode(traj, entry))
-                continue
+                if traj.won:
+                    episodes.append(AdvisedEpisode(traj, entry))
+                    continue
         episodes.append(AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
                                                            **play)))
     return episodes
@@ -148,8 +199,8 @@ def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fr
 def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
                      max_transcript_chars: int) -> Turn:
     """The distillation prompt the Experience Manager builds for ``episode`` (chat-encoded as
-    the extractor receives it) and an answer built from the transcript: a won episode adds its
-    route, or upvotes the entry it was shown; a lost one downvotes the entry it was shown, or
+    the extractor receives it) and an answer built from the transcript: a won episode upvotes
+    the entry it followed, or adds its own route; a lost one downvotes the entry it followed, or
     changes nothing."""
     traj = episode.trajectory
     shown = [episode.advice] if episode.advice is not None else []
@@ -157,12 +208,14 @@ def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
                                   [e.id for e in shown])
     prompt = distill_prompt(request, shown, max_ops=max_ops,
                             max_transcript_chars=max_transcript_chars)
-    if traj.won and shown:
+    if traj.won and shown and episode.followed:
         ops: list[dict[str, Any]] = [{"op": "upvote", "target_idx": 0}]
     elif traj.won:
-        lesson = route_advice(traj.env_id, traj)
+        # The moves as played: a lesson the extractor can copy from the transcript it reads.
+        lesson = route_advice(traj.env_id, traj.turns[0].observation,
+                              [t.action or "" for t in traj.turns])
         ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
-    elif shown:
+    elif shown and episode.followed:
         ops = [{"op": "downvote", "target_idx": 0}]
     else:
         ops = [{"op": "return"}]
