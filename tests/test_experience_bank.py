@@ -158,15 +158,15 @@ def test_acknowledged_writes_survive_sigkill(tmp_path):
 # ------------------------------------------------------------------ hardening (issue 19)
 def test_hardening_bank_keeps_its_capacity(tmp_path):
     """A bank built larger than the default reopens whole; shrinking it must be asked for."""
-    from crl_harness.experience import BankError
-    from crl_harness.training.experience_service import ExperienceService
-
     path = tmp_path / "big.sqlite"
     with ExperienceBank(path, capacity=20_010) as bank:
         bank.apply([AddEntry(ENV, f"t{i}", f"c{i}") for i in range(20_005)])
     with ExperienceBank(path) as reopened:  # what crl eval --experience does
         assert (len(reopened), reopened.capacity, reopened.evictions) == (20_005, 20_010, 0)
         reopened.export_jsonl(tmp_path / "bank.jsonl")
+    from crl_harness.experience import BankError
+    from crl_harness.training.experience_service import ExperienceService
+
     with pytest.raises(BankError, match="capacity 20010"):
         ExperienceBank(path, capacity=100)
     with ExperienceBank(path, capacity=20_003, evict=True) as smaller:

@@ -212,11 +212,11 @@ def test_oracle_reaches_the_upper_bound_on_the_500_test_goals(data):  # ~4 s, 15
 
 def test_hardening_webshop_query_is_bounded(env):
     """A model's runaway output as a query is an invalid action, not seconds and gigabytes."""
-    from crl_envs.webshop.env import MAX_QUERY_CHARS
-
     obs0, _ = env.reset(options={"task_id": 3})
     obs, reward, term, _, info = env.step("search[" + "shoe " * 2_000_000 + "]")  # 10M characters
     assert not info["action_valid"] and reward == 0.0 and not term
+    from crl_envs.webshop.env import MAX_QUERY_CHARS
+
     assert obs.startswith("Invalid action") and f"at most {MAX_QUERY_CHARS}" in obs
     assert env.unwrapped.site.observation() == obs0
     _, _, _, _, info = env.step("search[" + "x" * (MAX_QUERY_CHARS - 6) + " shoes]")
