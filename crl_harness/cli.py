@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserFacingError as err:
         print(f"crl {args.command}: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # the file system said no (disk full, permissions): say which file
+        print(f"crl {args.command}: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\nInterrupted.", file=sys.stderr)
         return 130

@@ -47,6 +47,10 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "assets" / "configs"
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 HELDOUT_RESERVED = 10_000
+# A key=value override is typed on a command line: these bounds are far above any real one, and
+# keep a hostile one (an alias bomb, a nesting bomb) from exhausting memory or the stack.
+MAX_OVERRIDE_CHARS = 10_000
+MAX_OVERRIDE_DEPTH = 20
 
 
 class ConfigError(ValueError):
@@ -290,6 +294,44 @@ def _resolve_path(path: str | Path) -> Path:
     raise ConfigError(f"config '{path}' not found; give a YAML path or one of: {known}")
 
 
+class _OverrideLimit(yaml.YAMLError):
+    """An override value beyond what ``_OverrideLoader`` accepts."""
+
+
+class _OverrideLoader(yaml.SafeLoader):
+    """YAML's safe loader without aliases (``*a`` repeats a node: ten nested ones make 10^10
+    nodes once OmegaConf copies them) and with a nesting bound."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise _OverrideLimit("anchors and aliases (&name, *name) are not allowed in an "
+                                 "override; write the value out")
+        self.depth += 1
+        try:
+            if self.depth > MAX_OVERRIDE_DEPTH:
+                raise _OverrideLimit(f"the value nests deeper than {MAX_OVERRIDE_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _override_value(item: str, text: str) -> Any:
+    """The YAML value of one ``key=value`` override (``item``), parsed within the bounds."""
+    try:
+        return yaml.load(text, Loader=_OverrideLoader)  # a SafeLoader: builds plain data only
+    except _OverrideLimit as err:
+        raise ConfigError(f"override '{_shorten(item)}': {err}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override '{_shorten(item)}': the value is not valid YAML: "
+                          f"{err}") from err
+
+
+def _shorten(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
 def _omegaconf_message(err: OmegaConfBaseException) -> str:
     key = getattr(err, "full_key", None) or "?"
     message = str(err).split("\n")[0]
@@ -316,16 +358,19 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     except OmegaConfBaseException as err:
         raise ConfigError(f"{source}: {_omegaconf_message(err)}") from err
     for item in overrides:
+        if len(item) > MAX_OVERRIDE_CHARS:
+            raise ConfigError(f"override '{_shorten(item)}' is {len(item)} characters; at most "
+                              f"{MAX_OVERRIDE_CHARS} (put long settings in the YAML file)")
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override '{item}' must look like key=value (e.g. run.steps=10)")
+            raise ConfigError(f"override '{_shorten(item)}' must look like key=value "
+                              "(e.g. run.steps=10)")
+        value = _override_value(item, text)
         try:
             # update (not a dotlist merge) so that list items can be set: tasks.envs.0.weight=2
-            OmegaConf.update(merged, key, yaml.safe_load(text), merge=True)
+            OmegaConf.update(merged, key, value, merge=True)
         except OmegaConfBaseException as err:
-            raise ConfigError(f"override '{item}': {_omegaconf_message(err)}") from err
-        except yaml.YAMLError as err:
-            raise ConfigError(f"override '{item}': the value is not valid YAML: {err}") from err
+            raise ConfigError(f"override '{_shorten(item)}': {_omegaconf_message(err)}") from err
     try:
         cfg: TrainConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as err:

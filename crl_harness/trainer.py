@@ -388,7 +388,8 @@ class Trainer:
     def _make_experience(self, extractor_backend: Any, checkpoint: Path | None) -> Any:
         """The bank and its manager; the extractor generates with the learner's own model."""
         if checkpoint is not None:
-            ExperienceService.restore_bank(self.run_dir, checkpoint)
+            ExperienceService.restore_bank(self.run_dir, checkpoint,
+                                          self.cfg.experience.capacity)
         return ExperienceService(
             self.run_dir, self.cfg.experience, extractor_backend,
             max_new_tokens=self.cfg.extractor.max_new_tokens,

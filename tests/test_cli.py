@@ -62,3 +62,60 @@ def test_console_script_help_runs():
     out = subprocess.run([sys.executable, "-m", "crl_harness.cli", "--help"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "play" in out.stdout
+
+
+# ------------------------------------------------------------------ hardening (issue 19)
+def _one_line_error(capsys, argv: list[str], expected: str, code: int = 2) -> None:
+    """``crl ARGV`` exits with ``code`` and says ``expected`` on one stderr line."""
+    assert main(argv) == code, argv
+    err = capsys.readouterr().err.strip()
+    assert expected in err and "\n" not in err and "Traceback" not in err, (argv, err)
+
+
+def test_hardening_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    eval_ = ["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--no-progress"]
+    one = [*eval_, "--episodes", "1", "--out", str(tmp_path / "out")]
+    for argv, expected in (
+        (["eval", "--agent", "bogus", *one[3:]], "'bogus' is not an agent"),
+        (["eval", "--agent", "hf:", *one[3:]], "names no model"),
+        ([*one, "--experience", str(a_file)], "is not an experience bank"),
+        ([*one, "--experience", str(tmp_path)], "is a directory"),
+        ([*eval_, "--episodes", "1", "--out", str(a_file / "sub")], "cannot create this folder"),
+        ([*eval_, "--episodes", "100000000000"], "--episodes must be between 1 and 100000"),
+        ([*eval_, "--seeds", "0-" + "9" * 30], "at most 100000"),
+        ([*one, "--seed", "-1"], "--seed must be between 0"),
+        (["play", "CRL/Sokoban-v0", "--seed", "-1"], "--seed must be between 0"),
+        (["train", "cpu-demo", f"run.output_dir={a_file}/run"], "run.output_dir"),
+        (["data", "fetch", "webshop", "--dest", str(a_file / "data")], "cannot write webshop"),
+    ):
+        _one_line_error(capsys, argv, expected)
+    assert a_file.read_text().startswith("root:")  # the non-bank was left alone
+    monkeypatch.setattr(sys, "stdin", None)  # crl play <&-
+    _one_line_error(capsys, ["play", "CRL/Sokoban-v0", "--seed", "0"], "stdin is closed")
+
+
+def test_hardening_cli_rejects_nonsense_and_runs_that_measured_nothing(tmp_path, capsys,
+                                                                       monkeypatch):
+    eval_ = ["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--no-progress",
+             "--out", str(tmp_path / "never")]
+    for flags, expected in ((["--episodes", "0"], "--episodes must be between 1"),
+                            (["--episodes", "-1"], "--episodes must be between 1"),
+                            (["--seeds", "5-1"], "empty range"),
+                            (["--episodes", "1", "--workers", "-3"], "--workers must be"),
+                            (["--episodes", "1", "--experience-k", "-5"], "--experience-k must be"),
+                            (["play", "CRL/Sokoban-v0", "--episodes", "0"], "--episodes must be")):
+        argv = flags if flags[0] == "play" else [*eval_, *flags]
+        _one_line_error(capsys, argv, expected)
+    assert not (tmp_path / "never").exists()
+
+    import crl_harness.eval
+
+    def no_env(*args, **kwargs):
+        raise RuntimeError("this env cannot start here")
+
+    monkeypatch.setattr(crl_harness.eval, "make_env", no_env)
+    assert main(["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--episodes", "2",
+                 "--out", str(tmp_path / "failed"), "--no-progress"]) == 1
+    assert "No episode ran to the end" in capsys.readouterr().out

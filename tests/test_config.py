@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 
 from crl_harness.cli import main
@@ -108,3 +113,30 @@ def test_hardening_models_the_trainer_cannot_update_are_rejected_at_load(overrid
 def test_hardening_a_frozen_extractor_may_be_served_by_vllm():
     cfg = load_config("cpu-demo", ["arm=static", "extractor.model=vllm:/models/qwen"])
     assert cfg.extractor.model == "vllm:/models/qwen"
+
+
+_ALIAS_BOMB = textwrap.dedent("""
+    import resource, sys
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a bomb must not take the host
+    from crl_harness.config import ConfigError, load_config
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    try:
+        load_config(None, ["tasks.envs.0.kwargs={" + ", ".join(levels) + "}"])
+    except ConfigError as err:
+        print(err)
+""")
+
+
+def test_hardening_override_alias_bomb_is_refused():
+    """Nine nested aliases are 10^9 nodes once expanded: refused in a moment, in bounded
+    memory (run in a child with a memory cap and a deadline, so a regression fails, not hangs)."""
+    done = subprocess.run([sys.executable, "-c", _ALIAS_BOMB], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0 and "aliases" in done.stdout, done.stderr[-2000:]
+    with pytest.raises(ConfigError, match="nests deeper"):
+        load_config(None, ["name=" + "[" * 200 + "]" * 200])
+    with pytest.raises(ConfigError, match="at most 10000"):
+        load_config(None, ["name=" + "x" * 20_000])
+    assert load_config(None, ["tasks.envs.0.kwargs={variant: dark}"]).tasks.envs[0].kwargs == {
+        "variant": "dark"}

@@ -64,7 +64,8 @@ def test_fifo_eviction_at_capacity(tmp_path):
         assert bank.evictions == 3
         result = bank.apply([AddEntry(ENV, "x", "x"), AddEntry(ENV, "y", "y")])
         assert result.evicted == ids[3:5]
-    with ExperienceBank(tmp_path / "b.sqlite", capacity=3) as smaller:  # reopen with less room
+    # Reopening with less room evicts only when asked to (test_hardening_bank_keeps_its_capacity)
+    with ExperienceBank(tmp_path / "b.sqlite", capacity=3, evict=True) as smaller:
         assert [e.title for e in smaller.entries()] == ["t7", "x", "y"]
 
 
@@ -152,3 +153,115 @@ def test_acknowledged_writes_survive_sigkill(tmp_path):
             assert entry.title == f"title {number}"
             assert entry.content == f"content {number} " + "x" * (number % 500)
         bank.add(ENV, "after", "the reopened bank takes writes")
+
+
+# ------------------------------------------------------------------ hardening (issue 19)
+def test_hardening_bank_keeps_its_capacity(tmp_path):
+    """A bank built larger than the default reopens whole; shrinking it must be asked for."""
+    path = tmp_path / "big.sqlite"
+    with ExperienceBank(path, capacity=20_010) as bank:
+        bank.apply([AddEntry(ENV, f"t{i}", f"c{i}") for i in range(20_005)])
+    with ExperienceBank(path) as reopened:  # what crl eval --experience does
+        assert (len(reopened), reopened.capacity, reopened.evictions) == (20_005, 20_010, 0)
+        reopened.export_jsonl(tmp_path / "bank.jsonl")
+    from crl_harness.experience import BankError
+    from crl_harness.training.experience_service import ExperienceService
+
+    with pytest.raises(BankError, match="capacity 20010"):
+        ExperienceBank(path, capacity=100)
+    with ExperienceBank(path, capacity=20_003, evict=True) as smaller:
+        assert len(smaller) == 20_003 and smaller.entries()[0].title == "t2"
+    with ExperienceBank(path) as reopened:  # the smaller capacity asked for is the stored one
+        assert reopened.capacity == 20_003
+
+    # --resume rebuilds the bank from the checkpoint's export at the run's capacity.
+    run_dir, checkpoint = tmp_path / "run", tmp_path
+    ExperienceService.restore_bank(run_dir, checkpoint, 20_010)
+    with ExperienceBank(run_dir / "bank.sqlite") as restored:
+        assert len(restored) == 20_005
+    with pytest.raises(BankError, match="more than its capacity"):
+        ExperienceService.restore_bank(run_dir, checkpoint, 20_000)
+
+    # A bank written before the capacity was stored opens without evicting anything.
+    legacy = tmp_path / "legacy.sqlite"
+    with ExperienceBank(legacy, capacity=5) as bank:
+        ids = [bank.add(ENV, f"t{i}", f"c{i}").id for i in range(4)]
+    db = sqlite3.connect(legacy)
+    db.execute("DROP TABLE bank_meta")
+    db.commit()
+    db.close()
+    with ExperienceBank(legacy, read_only=True) as bank:
+        assert [e.id for e in bank.entries()] == ids
+    with pytest.raises(BankError, match="holds 4 entries"):
+        ExperienceBank(legacy, capacity=3)
+    with ExperienceBank(legacy) as bank:
+        assert [e.id for e in bank.entries()] == ids and bank.capacity == 20_000
+
+
+_HOLDER = textwrap.dedent("""
+    import sys
+    from crl_harness.experience import ExperienceBank
+    bank = ExperienceBank(sys.argv[1])
+    bank.add("CRL/Sokoban-v0", "held", "by another process")
+    print("ready", flush=True)
+    sys.stdin.read()  # hold the bank open until the test closes our stdin
+""")
+
+
+def test_hardening_bank_refuses_a_second_writer_and_foreign_files(tmp_path):
+    """Two writing processes would each evict and vote on their own stale mirror: the second
+    is refused with a clear error (readers are fine); a file that is no bank is not touched."""
+    from crl_harness.experience import BankError
+
+    path = tmp_path / "shared.sqlite"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(BankError, match="open for writing in another process"):
+            ExperienceBank(path)
+        with ExperienceBank(path, read_only=True) as reader:
+            assert [e.title for e in reader.entries()] == ["held"]
+            with pytest.raises(BankError, match="read-only"):
+                reader.add(ENV, "no", "writes")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    with ExperienceBank(path) as bank:  # the writer is gone: its lock went with it
+        bank.add(ENV, "mine", "now")
+        assert len(bank) == 2
+
+    foreign = tmp_path / "app.sqlite"
+    db = sqlite3.connect(foreign)
+    db.execute("CREATE TABLE users (name TEXT)")
+    db.execute("INSERT INTO users VALUES ('ada')")
+    db.commit()
+    db.close()
+    text_file = tmp_path / "passwd"
+    text_file.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    for victim in (foreign, text_file):
+        before = victim.read_bytes()
+        for read_only in (False, True):
+            with pytest.raises(BankError, match="not an experience bank"):
+                ExperienceBank(victim, read_only=read_only)
+        assert victim.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.glob(f"{victim.name}*")) == [victim.name]
+    with pytest.raises(BankError, match="directory"):
+        ExperienceBank(tmp_path)
+
+
+def test_hardening_bank_sanitises_model_text(tmp_path):
+    """Lone surrogates (a model's broken output, a JSON escape) are stored as U+FFFD."""
+    lone, pair = chr(0xD800), chr(0xD83D) + chr(0xDE00)
+    with ExperienceBank(tmp_path / "bank.sqlite") as bank:
+        entry = bank.add(ENV, f"title {lone}", f"content {pair} {lone}", generation_id=f"g{lone}")
+        assert (entry.title, entry.content) == ("title \ufffd", "content \U0001f600 \ufffd")
+        assert bank.export_jsonl(tmp_path / "out.jsonl") == 1
+        escaped = tmp_path / "escaped.jsonl"
+        # json.dumps writes the lone surrogate as the escape \ud800, which json.loads restores
+        escaped.write_text(json.dumps({"id": "x", "env_id": ENV, "title": f"t{lone}",
+                                       "content": "c"}) + "\n")
+        assert bank.import_jsonl(escaped) == 1 and bank.get("x").title == "t\ufffd"
+    with ExperienceBank(tmp_path / "bank.sqlite") as reopened:
+        assert reopened.get(entry.id).content == "content \U0001f600 \ufffd"

@@ -208,3 +208,16 @@ def test_oracle_reaches_the_upper_bound_on_the_500_test_goals(data):  # ~4 s, 15
         assert info["purchased"] == {"asin": goal["asin"], "options": goal["goal_options"]}
         r = info["reward_info"]
         assert r["r_type"] == 1.0 and r["r_att"] == 1.0 and r["r_price"] and r["r_option"] < 1.0
+
+
+def test_hardening_webshop_query_is_bounded(env):
+    """A model's runaway output as a query is an invalid action, not seconds and gigabytes."""
+    obs0, _ = env.reset(options={"task_id": 3})
+    obs, reward, term, _, info = env.step("search[" + "shoe " * 2_000_000 + "]")  # 10M characters
+    assert not info["action_valid"] and reward == 0.0 and not term
+    from crl_envs.webshop.env import MAX_QUERY_CHARS
+
+    assert obs.startswith("Invalid action") and f"at most {MAX_QUERY_CHARS}" in obs
+    assert env.unwrapped.site.observation() == obs0
+    _, _, _, _, info = env.step("search[" + "x" * (MAX_QUERY_CHARS - 6) + " shoes]")
+    assert info["action_valid"] and env.unwrapped.site.page == "search_results"

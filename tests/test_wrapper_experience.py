@@ -114,3 +114,42 @@ def test_bad_arguments(manager):
     with pytest.raises(TypeError, match="retrieve"):
         ExperienceAugmentation(env, object())
     env.close()
+
+
+class _NarrowEnv(gym.Env[str, str]):
+    """A text env with a short, alphanumeric observation space (gymnasium's default charset)."""
+
+    observation_space = gym.spaces.Text(max_length=40)
+    action_space = gym.spaces.Text(max_length=8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "start", {"task": "go", "env_id": "Narrow-v0"}
+
+    def step(self, action):
+        return "done", 0.0, True, False, {}
+
+
+class _ModelText:
+    """A retriever whose entries carry what a model may write: emoji, control bytes, length."""
+
+    def retrieve(self, env_id, query, k):
+        class Item:
+            id, text = "e1", "Jump \U0001f600 twice\x00\n" + "very long advice " * 20
+        return [Item()]
+
+
+def test_hardening_wrapper_stays_in_the_observation_space():
+    wrapped = ExperienceAugmentation(_NarrowEnv(), _ModelText())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(wrapped, skip_render_check=True)
+    assert not [w for w in caught if "not within the observation space" in str(w.message)]
+    obs, info = wrapped.reset(seed=0)
+    assert wrapped.observation_space.contains(obs) and obs.endswith("start")
+    assert obs.startswith("Distilled") and "\U0001f600" in info["experience"]  # info keeps it
+    # The CRL envs' own space: an astral emoji or a NUL is outside its charset, too.
+    env = ExperienceAugmentation(gym.make("CRL/Sokoban-v0"), _ModelText())
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.contains(obs) and "\ufffd" in obs
+    env.close()

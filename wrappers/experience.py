@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
+from gymnasium.spaces import Text
 
 __all__ = ["ExperienceItem", "Retriever", "ExperienceAugmentation", "DEFAULT_HEADER"]
 
@@ -50,6 +51,11 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
     GRPO subgroup without experience). When an episode that used items ends (terminated or
     truncated), ``retriever.report_outcome(ids, score)`` is called once, if the retriever has it;
     the score is 1 for a win, else ``info["score"]``.
+
+    The observation space is the env's: retrieved text is model output, so in the observation
+    (and its separators) a character outside a ``Text`` space's charset becomes U+FFFD (or ``?``,
+    or is dropped, whichever the charset allows), and the block is cut to the room the space's
+    ``max_length`` leaves; ``info["experience"]`` keeps the text as retrieved.
 
     Example:
         >>> import gymnasium as gym, crl_envs
@@ -109,7 +115,7 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
         if text:
             block = f"{self.header}\n{text}"
             if self.placement == "observation":
-                observation = f"{block}\n\n{observation}"
+                observation = _prepend_within(self.observation_space, block, observation)
             else:
                 instructions = info.get("instructions") or ""
                 info["instructions"] = f"{instructions}\n\n{block}" if instructions else block
@@ -124,3 +130,18 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
                 score = 1.0 if info.get("won") else float(info.get("score", 0.0))
                 report(list(self._episode_ids), score)
         return observation, reward, terminated, truncated, info
+
+
+def _prepend_within(space: gym.Space, block: str, observation: str, separator: str = "\n\n") -> str:
+    """``block + separator + observation``, with the block cut and both mapped so that the
+    result stays in ``space`` when it is a ``Text`` space (other spaces are not the wrapper's to
+    judge); with no room left the observation comes alone."""
+    if not isinstance(space, Text):
+        return f"{block}{separator}{observation}"
+    room = space.max_length - len(observation) - len(separator)
+    if room <= 0:
+        return observation
+    charset = space.character_set
+    substitute = next((c for c in ("\ufffd", "?") if c in charset), "")
+    prefix = block[:room] + separator
+    return "".join(c if c in charset else substitute for c in prefix) + observation

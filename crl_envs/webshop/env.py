@@ -41,6 +41,9 @@ __all__ = ["WebShopEnv", "WebShopResources", "shared_resources"]
 # re.match ignores text after the last ']', which would take prose around an action for the action
 _ACTION = re.compile(r"(.+)\[(.+)\]")
 SEARCH_PLACEHOLDER = "search[<query>]"
+# Upstream's queries are a few keywords; a model's runaway output as a query would cost seconds
+# and memory in the tokenizer and the page's keyword list, so longer actions are invalid.
+MAX_QUERY_CHARS = 1_000
 INDEX_FORMAT = 1  # bump when the analyzer changes, so cached term counts are rebuilt
 
 INSTRUCTIONS = """You are shopping on WebShop for the product the instruction describes.
@@ -171,6 +174,10 @@ class WebShopEnv(TextEnv):
 
     def _step(self, action: str) -> Transition:
         site = self.site
+        if len(action.strip()) > MAX_QUERY_CHARS + len("search[]"):
+            return self.invalid(
+                f"the action is {len(action.strip())} characters long; a search query may have "
+                f"at most {MAX_QUERY_CHARS}.", self._allowed_text())
         match = _ACTION.fullmatch(action.strip())
         if match is None:
             return self.invalid(

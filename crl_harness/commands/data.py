@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from crl_envs import data
+from crl_envs.errors import UserFacingError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +22,11 @@ def run(args: argparse.Namespace) -> int:
         if args.name not in data.SOURCES:
             print(f"Unknown dataset '{args.name}'. Known: {', '.join(sorted(data.SOURCES))}.")
             return 2
-        path = data.fetch(args.name, dest=args.dest, force=args.force)
+        try:
+            path = data.fetch(args.name, dest=args.dest, force=args.force)
+        except OSError as err:  # an unwritable --dest or cache; download errors say more
+            raise UserFacingError(f"cannot write {args.name} to "
+                                  f"{args.dest or data.cache_dir() / 'data'} ({err}).") from err
         print(f"{args.name}: {path}")
         return 0
     for name in sorted(data.SOURCES):

@@ -55,8 +55,11 @@ def runnable_envs(env_ids: list[str]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from crl_harness.commands import eval as eval_command
-    from crl_harness.eval import expand_env_ids
+    from crl_harness.commands.checks import check_range
+    from crl_harness.eval import MAX_EPISODES, expand_env_ids
 
+    check_range("--episodes", args.episodes, 1, MAX_EPISODES)
+    check_range("--eval-episodes", args.eval_episodes, 1, MAX_EPISODES)
     env_ids = runnable_envs(expand_env_ids(args.envs))
     eval_args = ["--agent", "scripted", "--envs", ",".join(env_ids),
                  "--episodes", str(args.episodes)]
@@ -81,7 +84,7 @@ def _evaluate(cfg: Any, actor: str, bank: Path | None, seeds: list[int], out: Pa
     entry = cfg.tasks.envs[0]
     retriever = None
     if bank is not None and bank.exists():
-        retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(bank)))
+        retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(bank, read_only=True)))
     rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
                             history=cfg.actor.history, experience_k=cfg.experience.k,
                             env_kwargs={entry.id: dict(entry.kwargs)})

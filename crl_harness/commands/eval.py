@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from crl_envs.errors import UserFacingError
+from crl_harness.commands.checks import AGENT_SPECS, check_agent, check_range, output_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--agent", required=True,
-                        help="scripted | hf:NAME_OR_PATH | vllm:NAME_OR_PATH | openai:BASE_URL#MODEL")
+    parser.add_argument("--agent", required=True, help=AGENT_SPECS)
     parser.add_argument("--envs", required=True,
                         help="comma-separated env ids, 'all', or a mixture config name (mix3, mix6)")
     parser.add_argument("--episodes", type=int, default=None,
@@ -69,6 +68,22 @@ def parse_env_kwargs(text: str | None) -> dict:
     return kwargs
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """The numeric flags and the agent's shape, before any env, bank or model is opened."""
+    from crl_harness.eval import MAX_SEED
+
+    check_agent(args.agent)
+    check_range("--seed", args.seed, 0, MAX_SEED)
+    check_range("--workers", args.workers, 1, 1024)
+    check_range("--experience-k", args.experience_k, 1, 100)
+    check_range("--max-new-tokens", args.max_new_tokens, 1)
+    check_range("--max-live", args.max_live, 1)
+    check_range("--history", args.history, 0)
+    check_range("--temperature", args.temperature, 0.0)
+    check_range("--top-p", args.top_p, 0.0, 1.0)
+    check_range("--kv-cache-tokens", args.kv_cache_tokens, 1)
+
+
 class _RetrieveOnly:
     """The bank as a retriever that never reports outcomes: evaluation leaves credit alone."""
 
@@ -98,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console.width = 140  # logs and CI: room for every column
+    check_arguments(args)
     env_ids = expand_env_ids(args.envs)
     seeds = parse_seeds(args.seeds, args.episodes)
     env_kwargs = parse_env_kwargs(args.env_kwargs)
@@ -109,22 +125,19 @@ def run(args: argparse.Namespace) -> int:
                 gym.make(env_id, **env_kwargs).close()
             except TypeError as err:
                 raise UserFacingError(f"--env-kwargs do not fit {env_id}: {err}") from err
-    out = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.jsonl"
-    if results_path.exists():
-        raise UserFacingError(f"{results_path} already exists; pick another --out.")
 
     retriever = None
     if args.experience:
-        if not Path(args.experience).exists():
-            raise UserFacingError(f"No experience bank at {args.experience}.")
         from crl_harness.experience import ExperienceBank, ExperienceManager
 
-        retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(args.experience)))
+        # Read-only: evaluation leaves the bank as it was, and may run beside its trainer.
+        retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(args.experience,
+                                                                   read_only=True)))
     specs = episode_specs(env_ids, seeds, use_experience=retriever is not None)
-    if args.kv_cache_tokens < 1:
-        raise UserFacingError(f"--kv-cache-tokens must be >= 1, got {args.kv_cache_tokens}.")
+    out = output_dir(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}", "--out")
+    results_path = out / "results.jsonl"
+    if results_path.exists():
+        raise UserFacingError(f"{results_path} already exists; pick another --out.")
     backend = None
     if args.agent.startswith("hf:"):
         from crl_harness.models.registry import load_backend
@@ -162,4 +175,7 @@ def run(args: argparse.Namespace) -> int:
     })
     plot_success(out / "success.png", summaries, title=args.agent)
     console.print(f"wrote {results_path}, {out / 'report.json'}, {out / 'success.png'}")
+    if all(t.error for t in trajectories):
+        console.print("[red]No episode ran to the end[/] (errors above): nothing was measured.")
+        return 1
     return 0

@@ -14,6 +14,8 @@ from typing import TextIO
 import gymnasium as gym
 
 import crl_envs
+from crl_envs.errors import UserFacingError
+from crl_harness.commands.checks import check_range
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,5 +81,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"Unknown env id {args.env_id!r}. Choose one of: {', '.join(crl_envs.ENV_IDS)}",
               file=sys.stderr)
         return 2
+    check_range("--seed", args.seed, 0, 2**63 - 1)  # gymnasium takes seeds >= 0
+    check_range("--episodes", args.episodes, 1, 10_000)
+    if sys.stdin is None or sys.stdin.closed:
+        raise UserFacingError("stdin is closed: crl play reads one action a line from the "
+                              "terminal or a pipe (e.g. printf 'up\\n' | crl play ENV_ID).")
     play(args.env_id, seed=args.seed, episodes=args.episodes)
     return 0

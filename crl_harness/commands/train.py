@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from crl_harness.commands.checks import output_dir
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML file, or a name under assets/configs (e.g. cpu-demo)")
@@ -34,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"crl train: {err}", file=sys.stderr)
         return 2
+    output_dir(cfg.run.output_dir, "run.output_dir")  # one clear line before any model loads
     from tqdm import tqdm
 
     from crl_harness.trainer import ResumeError, make_trainer

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from crl_harness.commands.checks import output_dir
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML file, or a name under assets/configs (e.g. cpu-demo)")
@@ -27,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"crl warmstart: {err}", file=sys.stderr)
         return 2
+    output_dir(cfg.warmstart.output_dir, "warmstart.output_dir")  # before any model loads
     from crl_harness.warmstart import run_warmstart
 
     run_warmstart(cfg)

@@ -12,6 +12,7 @@ asynchronous Experience Manager (PAPER.md, "Experience bank" and "Asynchronous i
 from crl_harness.experience.bank import (
     AddEntry,
     ApplyResult,
+    BankError,
     DeleteEntries,
     ExperienceBank,
     ExperienceEntry,
@@ -35,7 +36,7 @@ from crl_harness.experience.prompts import load_prompt
 from crl_harness.experience.retrieval import RetrievalConfig, diversity_rerank, tokenize
 
 __all__ = [
-    "AddEntry", "ApplyResult", "DeleteEntries", "ExperienceBank", "ExperienceEntry", "VoteEntry",
+    "AddEntry", "ApplyResult", "BankError", "DeleteEntries", "ExperienceBank", "ExperienceEntry", "VoteEntry",
     "CreditLedger", "GenerationReward", "episode_credit",
     "DistillationRequest", "ExperienceManager", "ManagerConfig", "ReadWriteLock",
     "distill_prompt",

@@ -6,14 +6,17 @@ Holds:
   runs a list of them as ONE transaction (the paper's refine is a delete plus an add).
 - ``ApplyResult``: what a transaction added, deleted and evicted.
 - ``ExperienceBank``: SQLite in WAL mode (an acknowledged write survives ``kill -9``), with an
-  in-memory mirror for fast reads, first-in-first-out eviction at ``capacity`` and JSONL
-  export/import.
+  in-memory mirror for fast reads, first-in-first-out eviction at a ``capacity`` stored with the
+  bank, one writing process at a time (others may open it ``read_only``) and JSONL export/import.
+- ``BankError``: a file that is not a bank, a second writer, or a capacity that would evict.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -21,8 +24,13 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from urllib.parse import quote
+
+from crl_envs.errors import UserFacingError
 
 __all__ = [
+    "BankError",
+    "DEFAULT_CAPACITY",
     "ExperienceEntry",
     "AddEntry",
     "DeleteEntries",
@@ -30,6 +38,7 @@ __all__ = [
     "BankChange",
     "ApplyResult",
     "ExperienceBank",
+    "clean_text",
 ]
 
 _SCHEMA = """
@@ -47,11 +56,22 @@ CREATE TABLE IF NOT EXISTS entries (
     votes INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS entries_env ON entries (env_id, seq);
+CREATE TABLE IF NOT EXISTS bank_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# Written into bank_meta; a bank from before it (no bank_meta table) still opens.
+_FORMAT = "crl-experience-bank/1"
+# The tables a bank file may hold; any other table means the file is something else.
+_BANK_TABLES = {"entries", "bank_meta", "sqlite_sequence"}
+DEFAULT_CAPACITY = 20_000
+_BUSY_TIMEOUT_S = 30.0  # a reader's checkpoint may hold the file briefly; wait, don't fail
 _COLUMNS = (
     "id", "env_id", "title", "content", "generation_id", "created_step", "created_at",
     "retrieval_count", "last_retrieved_at", "votes",
 )
+
+
+class BankError(UserFacingError, ValueError):
+    """The bank cannot be opened or written as asked; the message says what to do instead."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +153,15 @@ class ExperienceBank:
     kept in memory and written by ``sync_retrieval_stats`` (the manager calls it on flush and
     close): losing a few counts in a crash costs nothing that was acknowledged.
 
+    The capacity is stored in the bank: ``capacity=None`` reopens at the stored one (a bank from
+    before it was stored: 20,000, or its size when larger), a larger one is kept from then on,
+    and a smaller one raises ``BankError`` unless ``evict=True`` asks for the oldest entries to
+    go. One process writes at a time (the mirror is that process's; a lock file beside the bank,
+    released when the process dies, refuses a second writer); any number may open it with
+    ``read_only=True``, which sees the entries as they were at opening. A file that is not a
+    bank raises ``BankError`` and is left untouched. Text is stored as valid UTF-8 (lone
+    surrogates from a model's output become U+FFFD).
+
     Writes are serialised by an internal lock; ``ExperienceManager`` adds a read-write lock so
     that a retrieval never sees half of a multi-change transaction.
 
@@ -148,30 +177,110 @@ class ExperienceBank:
 
     SYNCHRONOUS = ("NORMAL", "FULL")
 
-    def __init__(self, path: str | os.PathLike, capacity: int = 20_000,
-                 synchronous: str = "NORMAL") -> None:
-        if capacity < 1:
+    def __init__(self, path: str | os.PathLike, capacity: int | None = None,
+                 synchronous: str = "NORMAL", *, evict: bool = False,
+                 read_only: bool = False) -> None:
+        if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}.")
         if synchronous not in self.SYNCHRONOUS:
             raise ValueError(f"synchronous={synchronous!r} is not one of {self.SYNCHRONOUS}.")
         self.path = str(path)
-        self.capacity = capacity
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
         self._lock = threading.Lock()
-        # isolation_level=None: autocommit; every write opens its own BEGIN IMMEDIATE.
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous}")
-        self._db.executescript(_SCHEMA)
+        self._lock_file = None
+        self._db: sqlite3.Connection | None = None
         self._entries: dict[str, ExperienceEntry] = {}  # insertion (= seq) order: FIFO
         self._partitions: dict[str, dict[str, None]] = {}
         self._stats_dirty: set[str] = set()
         self.evictions = 0
-        rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM entries ORDER BY seq")
-        for row in rows:
-            self._mirror_add(ExperienceEntry(*row))
-        self._evict_over_capacity_now()
+        try:
+            self._open(synchronous)
+            stored = self._stored_capacity()
+            rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM entries ORDER BY seq")
+            for row in rows:
+                self._mirror_add(ExperienceEntry(*row))
+            self.capacity = self._resolve_capacity(capacity, stored, evict)
+            if not read_only:
+                if self.capacity != stored:
+                    self._store_capacity(self.capacity)
+                self._evict_over_capacity_now()
+        except BaseException:
+            self._release()
+            raise
+
+    # ----------------------------------------------------------------- opening
+    def _open(self, synchronous: str) -> None:
+        """Connect, after making sure the file is a bank (or new) without writing to it."""
+        if self.path == ":memory:":
+            if self.read_only:
+                raise BankError("An in-memory bank cannot be opened read-only.")
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.executescript(_SCHEMA)
+            return
+        path = Path(self.path)
+        if path.is_dir():
+            raise BankError(f"{path} is a directory, not an experience bank file.")
+        if self.read_only or path.exists():
+            _check_is_bank(path, must_exist=self.read_only)
+        if self.read_only:
+            self._db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True,
+                                       check_same_thread=False, isolation_level=None,
+                                       timeout=_BUSY_TIMEOUT_S)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _writer_lock(path)
+        # isolation_level=None: autocommit; every write opens its own BEGIN IMMEDIATE.
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=_BUSY_TIMEOUT_S)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                self._db.execute(statement)
+            self._db.execute("INSERT OR IGNORE INTO bank_meta (key, value) VALUES ('format', ?)",
+                             (_FORMAT,))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def _stored_capacity(self) -> int | None:
+        try:
+            row = self._db.execute("SELECT value FROM bank_meta WHERE key = 'capacity'").fetchone()
+        except sqlite3.OperationalError:  # read-only view of a bank from before bank_meta
+            return None
+        return int(row[0]) if row else None
+
+    def _resolve_capacity(self, asked: int | None, stored: int | None, evict: bool) -> int:
+        """The capacity to run at: never one that silently evicts what the bank holds."""
+        if asked is None:
+            return stored if stored is not None else max(DEFAULT_CAPACITY, len(self._entries))
+        floor = stored if stored is not None else len(self._entries)
+        if asked < floor and not evict:
+            held = f"was built with capacity {stored}" if stored is not None \
+                else f"holds {len(self._entries)} entries"
+            raise BankError(
+                f"The experience bank {self.path} {held}; opening it with capacity {asked} "
+                f"would evict entries. Use a capacity of at least {floor} (e.g. "
+                f"experience.capacity={floor}), or ExperienceBank(..., capacity={asked}, "
+                "evict=True) to drop the oldest entries on purpose.")
+        if self.read_only and asked < len(self._entries):
+            raise BankError(f"A read-only bank cannot shrink: {self.path} holds "
+                            f"{len(self._entries)} entries, more than capacity {asked}.")
+        return asked
+
+    def _store_capacity(self, capacity: int) -> None:
+        self._db.execute("INSERT OR REPLACE INTO bank_meta (key, value) VALUES ('capacity', ?)",
+                         (str(capacity),))
+
+    def _release(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        if self._lock_file is not None:
+            self._lock_file.close()  # closing the descriptor releases the flock
+            self._lock_file = None
 
     # ----------------------------------------------------------------- reads
     def __len__(self) -> int:
@@ -222,6 +331,7 @@ class ExperienceBank:
 
     def apply(self, changes: Sequence[BankChange]) -> ApplyResult:
         """Run ``changes`` in one transaction; the mirror changes only after the commit."""
+        self._check_writable()
         result = ApplyResult()
         now = time.time()
         with self._lock:
@@ -234,8 +344,10 @@ class ExperienceBank:
                 for change in changes:
                     if isinstance(change, AddEntry):
                         entry = ExperienceEntry(
-                            id=uuid.uuid4().hex[:16], env_id=change.env_id, title=change.title,
-                            content=change.content, generation_id=change.generation_id,
+                            id=uuid.uuid4().hex[:16], env_id=clean_text(change.env_id),
+                            title=clean_text(change.title), content=clean_text(change.content),
+                            generation_id=None if change.generation_id is None
+                            else clean_text(change.generation_id),
                             created_step=int(change.step), created_at=now)
                         cur.execute(f"INSERT INTO entries ({', '.join(_COLUMNS)}) VALUES "
                                     f"({', '.join('?' * len(_COLUMNS))})", _row(entry))
@@ -300,8 +412,12 @@ class ExperienceBank:
                     self._stats_dirty.add(entry_id)
 
     def sync_retrieval_stats(self) -> int:
-        """Write the retrieval counts changed since the last sync; returns how many."""
+        """Write the retrieval counts changed since the last sync; returns how many (a read-only
+        bank keeps them in memory: they are its own view, not the writer's)."""
         with self._lock:
+            if self.read_only:
+                self._stats_dirty.clear()
+                return 0
             rows = [(self._entries[i].retrieval_count, self._entries[i].last_retrieved_at, i)
                     for i in self._stats_dirty if i in self._entries]
             self._stats_dirty.clear()
@@ -324,11 +440,14 @@ class ExperienceBank:
         os.replace(tmp, path)
         return len(entries)
 
-    def import_jsonl(self, path: str | os.PathLike) -> int:
+    def import_jsonl(self, path: str | os.PathLike, *, evict: bool = True) -> int:
         """Add the entries of a JSONL export (ids already present are skipped); returns added.
 
         Raises ``ValueError`` naming the line of a malformed record; nothing is added then.
+        Entries beyond the capacity evict the oldest, as adds do; with ``evict=False`` that is a
+        ``BankError`` instead (restoring a checkpoint must not drop what it saved).
         """
+        self._check_writable()
         known = {f.name for f in fields(ExperienceEntry)}
         records: list[ExperienceEntry] = []
         with open(path, encoding="utf-8") as handle:
@@ -345,9 +464,14 @@ class ExperienceBank:
                         raise ValueError("id, env_id, title and content must be strings")
                 except (ValueError, TypeError) as err:
                     raise ValueError(f"{path}:{number}: not an experience entry ({err}).") from err
-                records.append(entry)
+                records.append(_cleaned(entry))
         with self._lock:
-            fresh = [entry for entry in records if entry.id not in self._entries]
+            fresh = list({e.id: e for e in records if e.id not in self._entries}.values())
+            if not evict and len(self._entries) + len(fresh) > self.capacity:
+                raise BankError(
+                    f"{path} holds {len(fresh)} new entries; with the {len(self._entries)} in "
+                    f"{self.path} that is more than its capacity {self.capacity}. Raise the "
+                    "capacity (experience.capacity) to keep them all.")
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.executemany(
@@ -366,13 +490,12 @@ class ExperienceBank:
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        """Write pending retrieval counts and close the database."""
+        """Write pending retrieval counts, close the database and release the writer's lock."""
         if self._db is None:
             return
         self.sync_retrieval_stats()
         with self._lock:
-            self._db.close()
-            self._db = None  # type: ignore[assignment]
+            self._release()
 
     def __enter__(self) -> ExperienceBank:
         return self
@@ -381,6 +504,12 @@ class ExperienceBank:
         self.close()
 
     # ----------------------------------------------------------------- internals
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise BankError(f"The experience bank {self.path} was opened read-only.")
+        if self._db is None:
+            raise BankError(f"The experience bank {self.path} is closed.")
+
     def _live(self, entry_id: str, gone: set[str], added: list[ExperienceEntry]) -> bool:
         if entry_id in gone:
             return False
@@ -430,3 +559,80 @@ class ExperienceBank:
 def _row(entry: ExperienceEntry) -> tuple:
     """The entry's column values, in ``_COLUMNS`` order."""
     return tuple(getattr(entry, name) for name in _COLUMNS)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` as valid Unicode: a surrogate pair becomes its character, a lone surrogate
+    (a model's broken output, a JSON escape) U+FFFD, so SQLite and UTF-8 files accept it.
+
+    Example:
+        >>> clean_text("ok " + chr(0xD800)) == "ok " + chr(0xFFFD)
+        True
+        >>> clean_text(chr(0xD83D) + chr(0xDE00)) == chr(0x1F600)
+        True
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"Entry text must be str, got {type(text).__name__}.")
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _cleaned(entry: ExperienceEntry) -> ExperienceEntry:
+    """An imported entry with its text fields made valid Unicode."""
+    return replace(entry, id=clean_text(entry.id), env_id=clean_text(entry.env_id),
+                   title=clean_text(entry.title), content=clean_text(entry.content),
+                   generation_id=None if entry.generation_id is None
+                   else clean_text(entry.generation_id))
+
+
+def _check_is_bank(path: Path, must_exist: bool) -> None:
+    """Raise ``BankError`` unless ``path`` is an experience bank (or, when it need not exist, an
+    empty file); reads through a read-only connection, so a foreign file is left as it was."""
+    if not path.exists():
+        if must_exist:
+            raise BankError(f"No experience bank at {path}.")
+        return
+    not_a_bank = f"{path} is not an experience bank"
+    try:
+        probe = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
+    except sqlite3.Error as err:
+        raise BankError(f"Cannot open {path} ({err}).") from err
+    try:
+        tables = {name for (name,) in probe.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        columns = {row[1] for row in probe.execute("PRAGMA table_info(entries)")}
+        version = None
+        if "bank_meta" in tables:
+            row = probe.execute("SELECT value FROM bank_meta WHERE key = 'format'").fetchone()
+            version = row[0] if row else None
+    except sqlite3.DatabaseError as err:  # "file is not a database", unreadable
+        raise BankError(f"{not_a_bank} ({err}).") from err
+    finally:
+        probe.close()
+    if not tables and not must_exist:
+        return  # an empty SQLite file: nothing to lose, it becomes a bank
+    if "entries" not in tables or tables - _BANK_TABLES or not set(_COLUMNS) <= columns:
+        raise BankError(f"{not_a_bank} (its tables are {sorted(tables) or 'none'}); it was "
+                        "left untouched. Give the path of a bank.sqlite or a new file.")
+    if version not in (None, _FORMAT):
+        raise BankError(f"{path} is a bank of format {version!r}; this version reads {_FORMAT!r}.")
+
+
+def _writer_lock(path: Path):
+    """An exclusive lock on ``PATH.lock``, held while this bank is open for writing: each writer
+    mirrors the bank in memory, so a second one would evict, vote and delete blind."""
+    lock_path = Path(f"{path}.lock")
+    handle = open(lock_path, "a+")  # noqa: SIM115 - held open for the bank's life
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as err:
+        handle.close()
+        raise BankError(
+            f"The experience bank {path} is open for writing in another process (or another "
+            "ExperienceBank here). Close that one first, or open it with read_only=True "
+            "(crl eval --experience does).") from err
+    return handle

@@ -199,17 +199,20 @@ class ExperienceService:
                 ledger._records.update(records)
 
     @staticmethod
-    def restore_bank(run_dir: str | os.PathLike, checkpoint: str | os.PathLike) -> None:
+    def restore_bank(run_dir: str | os.PathLike, checkpoint: str | os.PathLike,
+                     capacity: int | None = None) -> None:
         """Replace ``run_dir``'s bank by the checkpoint's export (before the service opens it):
-        what the extractor wrote after the checkpoint is undone, as the steps are re-run."""
+        what the extractor wrote after the checkpoint is undone, as the steps are re-run.
+        ``capacity`` (the run's ``experience.capacity``) must hold every exported entry: a resume
+        never drops what a checkpoint saved."""
         run_dir = Path(run_dir)
         for suffix in ("", "-wal", "-shm"):
             (run_dir / f"{BANK_FILE}{suffix}").unlink(missing_ok=True)
         export = Path(checkpoint) / BANK_EXPORT
         if export.exists():
-            bank = ExperienceBank(run_dir / BANK_FILE)
+            bank = ExperienceBank(run_dir / BANK_FILE, capacity=capacity)
             try:
-                bank.import_jsonl(export)
+                bank.import_jsonl(export, evict=False)
             finally:
                 bank.close()
 
