@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import time
 import warnings
 from pathlib import Path
 
@@ -418,3 +419,29 @@ def test_security_docker_setsid_process_dies_at_timeout_on_a_real_daemon():
             "1\n[exit code 0]"
     finally:
         box.close()
+
+
+def test_hardening_docker_background_job_holding_the_output_does_not_hold_the_command():
+    """A background job (a server, say) keeps the exec's output stream open after the shell
+    exits: the command still returns once its session has come back."""
+    import threading
+
+    never = threading.Event()
+
+    class HeldAPI(FakeAPI):
+        def exec_start(self, exec_id, stream=False, demux=False):
+            def chunks():
+                yield None, b"started\n"
+                yield b"export KEPT=1\n# crl-state-end\n", None
+                never.wait()  # the background job never closes the stream
+            return chunks()
+
+    client = FakeClient(local_images=[ROW["image"]])
+    client.api = HeldAPI()
+    start = time.monotonic()
+    box = DockerSandbox(ROW, client=client)
+    result = box.run("python -m http.server &", timeout=30)
+    assert time.monotonic() - start < 5 and result.output == "started\n"
+    assert box._shell_state.startswith(b"export KEPT=1")
+    never.set()
+    box.close()

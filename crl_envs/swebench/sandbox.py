@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import queue
 import selectors
 import shlex
 import shutil
@@ -900,6 +901,48 @@ def docker_client() -> Any:
     return client
 
 
+def _stream_until_done(stream: Any, deadline: float,
+                       session: bytearray | None) -> Any:
+    """The (stdout, stderr) chunks of an exec stream until it ends, the deadline passes, or,
+    for a shell command, shortly after its session has come back: a background job that keeps
+    the exec's output open must not hold the command (the stream is then read, and dropped, by
+    a daemon thread until the job ends or the container goes)."""
+    chunks: queue.Queue = queue.Queue()
+    abandoned = threading.Event()
+
+    def pump() -> None:
+        try:
+            for chunk in stream:
+                if not abandoned.is_set():  # after that, read only to keep the writers going
+                    chunks.put(chunk)
+        except Exception:  # the container went away: the stream just ends
+            pass
+        finally:
+            chunks.put(None)
+
+    threading.Thread(target=pump, daemon=True, name="crl-docker-stream").start()
+    done_at = None
+    try:
+        while True:
+            now = time.monotonic()
+            wait = deadline - now if done_at is None else \
+                min(deadline - now, done_at + 0.05 - now)
+            if wait <= 0:
+                return
+            try:
+                chunk = chunks.get(timeout=wait)
+            except queue.Empty:
+                return
+            if chunk is None:
+                return
+            yield chunk
+            if done_at is None and session is not None and \
+                    session.rstrip(b"\n").endswith(_STATE_END.encode()):
+                done_at = time.monotonic()
+    finally:
+        abandoned.set()
+
+
 def _remove_container(container: Any) -> None:
     try:
         container.remove(force=True)
@@ -979,7 +1022,8 @@ class DockerSandbox(Sandbox):
                                   user="root", environment={"PAGER": "cat", "GIT_PAGER": "cat",
                                                             "TERM": "dumb"})["Id"]
         kept, total = bytearray(), 0
-        for out, err in api.exec_start(exec_id, stream=True, demux=True):
+        for out, err in _stream_until_done(api.exec_start(exec_id, stream=True, demux=True),
+                                           deadline=started + seconds + 10, session=session):
             if session is not None and out:
                 if len(session) <= _STATE_LIMIT:
                     session += out
