@@ -332,3 +332,34 @@ def test_hardening_oversized_patch_is_not_applied_or_graded():
     assert not info["report"]["patch_successfully_applied"] and "too large" in info["grading_note"]
     assert len(info["patch"]) <= MAX_PATCH_BYTES
     env.close()
+
+
+def test_hardening_submission_keeps_upstream_diff_semantics(box, tmp_path):
+    """The diff now comes from a private index: files the agent's .gitignore names stay
+    tracked (as with the checkout's own index), and a checkout swapped for a link submits
+    nothing rather than the link's target."""
+    tools = Tools(box)
+    bash(tools, "echo 'pkg/' > .gitignore && echo c = 3 >> pkg/mod.py")
+    patch = box.diff()
+    assert "+c = 3" in patch and "deleted file" not in patch and "+pkg/" in patch
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret\n")
+    checkout = Path(box.repo_dir)
+    checkout.rename(tmp_path / "moved")
+    checkout.symlink_to(outside)
+    assert box.diff() == ""
+
+
+def test_hardening_edit_history_is_bounded(box, monkeypatch):
+    from crl_envs.swebench import tools as tools_module
+
+    monkeypatch.setattr(tools_module, "MAX_HISTORY_CHARS", 100)
+    tools = Tools(box)
+    path = box.repo_dir + "/pkg/big.py"
+    assert edit(tools, command="create", path=path, file_text="x" * 60 + "\n").valid
+    for index in range(4):
+        assert edit(tools, command="insert", path=path, insert_line="0", new_str=f"# {index}").valid
+    assert tools._kept_chars <= 100
+    assert edit(tools, command="undo_edit", path=path).valid  # the latest versions are kept
+    assert Path(path).read_text().startswith("# 2\n")

@@ -533,6 +533,10 @@ class LocalSandbox(Sandbox):
                 _run_git(["clone", "-q", "--bare", "--no-hardlinks", str(checkout),
                           str(self._git_dir)], self._root)
             self.base_commit = _run_git(["rev-parse", "HEAD"], checkout).strip()
+            # The private index starts as the base commit, as the checkout's own does, so files
+            # the agent's .gitignore names stay tracked (upstream's `git add -A` semantics).
+            _run_git(["read-tree", self.base_commit], self._root,
+                     env={**_git_env(self._root), **self._git_env_of(checkout)})
         except BaseException:
             shutil.rmtree(checkout, ignore_errors=True)
             shutil.rmtree(self._root, ignore_errors=True)
@@ -750,11 +754,19 @@ class LocalSandbox(Sandbox):
         finally:
             os.close(parent)
 
+    def _git_env_of(self, work_tree: Path) -> dict[str, str]:
+        return {"GIT_DIR": str(self._git_dir), "GIT_WORK_TREE": str(work_tree),
+                "GIT_INDEX_FILE": str(self._root / "index")}
+
     def diff(self) -> str:
         # The agent's working tree against the private base repository, with a private index:
         # the checkout's .git (its config, hooks, objects) takes no part.
-        env = {**_git_env(self._root), "GIT_DIR": str(self._git_dir),
-               "GIT_WORK_TREE": str(self._checkout), "GIT_INDEX_FILE": str(self._root / "index")}
+        try:
+            if not stat.S_ISDIR(os.lstat(self._checkout).st_mode):  # replaced, by a link to /
+                return ""
+        except FileNotFoundError:
+            return ""
+        env = {**_git_env(self._root), **self._git_env_of(self._checkout)}
         add, _ = _run_capped(["git", *_GIT_GUARDS, "add", "-A"], self._checkout, env,
                              _GIT_TIMEOUT, limit=0)
         if add != 0:

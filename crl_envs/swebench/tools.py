@@ -17,6 +17,7 @@ and SWE-smith's text prompts, which code models are trained on.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 
 from crl_envs.swebench.sandbox import (
@@ -99,6 +100,8 @@ MAX_ACTION_CHARS = 200_000
 # The editor holds a file, its lines and its edit history in memory; larger files are refused
 # (bash tools such as sed, head and grep stream them).
 MAX_EDITOR_FILE_BYTES = 2_000_000
+# Text the edit history (for undo_edit) keeps, over all files.
+MAX_HISTORY_CHARS = 20_000_000
 
 
 class ToolCallError(ValueError):
@@ -278,6 +281,10 @@ class Tools:
         self.command_timeout = command_timeout
         # path -> earlier versions of the file, None where it did not exist (before `create`)
         self._history: dict[str, list[str | None]] = {}
+        # Paths in the order their versions were kept; the oldest versions go first when the
+        # kept text passes MAX_HISTORY_CHARS (a long episode of edits on big files).
+        self._kept_order: deque[str] = deque()
+        self._kept_chars = 0
 
     def call(self, text: str) -> ToolResult:
         """Parse ``text`` as one tool call and run it."""
@@ -396,7 +403,7 @@ class Tools:
             return ToolResult(f"File already exists at: {path}. Cannot overwrite files using "
                               "command `create`.", valid=False)
         self.sandbox.write_file(path, file_text)
-        self._history.setdefault(path, []).append(None)
+        self._remember(path, None)
         return ToolResult(f"File created successfully at: {path}")
 
     def _read(self, path: str) -> str:
@@ -414,7 +421,7 @@ class Tools:
             return ToolResult(f"No replacement was performed. Multiple occurrences of old_str "
                               f"`{_quote(old_str)}` in lines {lines[:20]}. Please ensure it is "
                               "unique.", valid=False)
-        self._history.setdefault(path, []).append(text)
+        self._remember(path, text)
         new_text = text.replace(old_str, new_str)
         self.sandbox.write_file(path, new_text)
         edit_line = text.split(old_str)[0].count("\n")
@@ -431,7 +438,7 @@ class Tools:
             return ToolResult(f"Invalid `insert_line` parameter: {insert_line}. It should be "
                               f"within the range of lines of the file: [0, {len(lines)}].",
                               valid=False)
-        self._history.setdefault(path, []).append(text)
+        self._remember(path, text)
         new_lines = new_str.split("\n")
         new_text = "\n".join(lines[:at] + new_lines + lines[at:])
         self.sandbox.write_file(path, new_text)
@@ -442,6 +449,7 @@ class Tools:
         if not history:
             return ToolResult(f"No edit history found for {path}.", valid=False)
         previous = history.pop()
+        self._kept_chars -= len(previous or "")
         if previous is None:
             self.sandbox.remove_file(path)
             return ToolResult(f"Last edit to {path} undone successfully (the file it created was "
@@ -449,6 +457,16 @@ class Tools:
         self.sandbox.write_file(path, previous)
         return ToolResult(f"Last edit to {path} undone successfully. Here's the result of running "
                           f"`cat -n` on {path}:\n{cut_output(_numbered(previous))}")
+
+    def _remember(self, path: str, text: str | None) -> None:
+        """Keep ``text`` as the version of ``path`` before an edit (``None``: it did not exist)."""
+        self._history.setdefault(path, []).append(text)
+        self._kept_order.append(path)
+        self._kept_chars += len(text or "")
+        while self._kept_chars > MAX_HISTORY_CHARS and self._kept_order:
+            versions = self._history.get(self._kept_order.popleft())
+            if versions:
+                self._kept_chars -= len(versions.pop(0) or "")
 
     @staticmethod
     def _edited(path: str, new_text: str, edit_line: int, added_lines: int) -> str:
