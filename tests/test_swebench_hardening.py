@@ -197,6 +197,8 @@ def test_hardening_long_or_pathological_actions_are_refused_quickly(box):
     nested = "<function=bash>" * (190_000 // len("<function=bash>"))
     with pytest.raises(ToolCallError):
         parse_tool_call(nested)
+    with pytest.raises(ToolCallError):
+        parse_tool_call("<function=" * 19_000)  # tags without their ">"
     unclosed = "<function=bash><parameter=command>" + "<parameter=x>" * 14_000
     with pytest.raises(ToolCallError, match="not closed"):
         parse_tool_call(unclosed)

@@ -93,6 +93,7 @@ _EDITOR_COMMANDS: dict[str, set[str]] = {
 }
 
 _SNIPPET_LINES = 4
+_MAX_NAME = 64  # characters of a tool or parameter name
 MAX_COMMAND_BYTES = 100_000
 # An action longer than this is refused before it is parsed: a policy that learns to write
 # megabytes per turn must not cost the env more than reading it once.
@@ -136,7 +137,9 @@ def _strip_one_newline(value: str) -> str:
 
 def _tag_end(text: str, start: int, tag: str) -> tuple[str, int] | None:
     """At ``text[start:]``, ``<tag = NAME >`` (whitespace optional): NAME and the index after
-    ``>``; ``None`` if the text there is not such a tag. Scans only the tag itself."""
+    ``>``; ``None`` if the text there is not such a tag. Scans only the tag itself: a name is
+    at most ``_MAX_NAME`` characters, so tags without their ``>`` cannot make parsing
+    quadratic."""
     at = start + len(tag) + 1
     while at < len(text) and text[at].isspace():
         at += 1
@@ -148,6 +151,8 @@ def _tag_end(text: str, start: int, tag: str) -> tuple[str, int] | None:
     name_start = at
     while at < len(text) and text[at] != ">" and not text[at].isspace():
         at += 1
+        if at - name_start > _MAX_NAME:
+            return None
     name = text[name_start:at]
     while at < len(text) and text[at].isspace():
         at += 1
