@@ -365,3 +365,18 @@ def test_hardening_edit_history_is_bounded(box, monkeypatch):
     assert tools._kept_chars <= 100
     assert edit(tools, command="undo_edit", path=path).valid  # the latest versions are kept
     assert Path(path).read_text().startswith("# 2\n")
+
+
+@pytest.mark.data
+def test_hardening_filter_keeps_every_verified_gold_patch_whole(data_dir):
+    """The hardened grading must not cost a correct fix: every reference patch of SWE-bench
+    Verified passes the filter byte for byte (one changes setup.cfg: files the reference fix
+    changes are part of the task)."""
+    from crl_envs.swebench.data import load_instances
+    from crl_envs.swebench.grading import _patch_paths, filter_patch
+
+    rows = load_instances("verified", data_dir=data_dir("swebench", "verified_test.parquet"))
+    changed = [row["instance_id"] for row in rows
+               if filter_patch(row["patch"], protected=_patch_paths(row["test_patch"]),
+                               allowed=_patch_paths(row["patch"])) != (row["patch"], [])]
+    assert len(rows) == 500 and changed == []

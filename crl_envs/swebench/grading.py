@@ -214,12 +214,14 @@ def _sections(patch: str) -> list[_Section]:
     return sections
 
 
-def filter_patch(patch: str, protected: set[str] | frozenset[str] = frozenset()) -> tuple[str, list[str]]:
+def filter_patch(patch: str, protected: set[str] | frozenset[str] = frozenset(),
+                 allowed: set[str] | frozenset[str] = frozenset()) -> tuple[str, list[str]]:
     """``patch`` without the files the hardened grading leaves out; and those files, sorted.
 
-    A file is left out when ``protected_reason`` names it, when it is in ``protected`` (the
-    task's test files), or when the patch makes it a symlink. Only the parts of the patch that
-    belong to a file diff are kept, so nothing can be smuggled past the filter.
+    A file is left out when ``protected_reason`` names it and it is not in ``allowed`` (the
+    files the task's reference fix changes), when it is in ``protected`` (the task's test
+    files), or when the patch makes it a symlink. Only the parts of the patch that belong to a
+    file diff are kept, so nothing can be smuggled past the filter.
 
     >>> patch = ("diff --git a/conftest.py b/conftest.py\\nnew file mode 100644\\n--- /dev/null\\n"
     ...          "+++ b/conftest.py\\n@@ -0,0 +1 @@\\n+import evil\\n")
@@ -228,8 +230,8 @@ def filter_patch(patch: str, protected: set[str] | frozenset[str] = frozenset())
     """
     kept, dropped = [], set()
     for section in _sections(patch):
-        refused = [path for path in section.paths
-                   if section.symlink or path in protected or protected_reason(path)]
+        refused = [path for path in section.paths if section.symlink or path in protected
+                   or (protected_reason(path) and path not in allowed)]
         if refused:
             dropped.update(refused)
         elif section.paths:
@@ -237,10 +239,9 @@ def filter_patch(patch: str, protected: set[str] | frozenset[str] = frozenset())
     return "".join(kept), sorted(dropped)
 
 
-def _test_paths(instance: dict[str, Any]) -> frozenset[str]:
-    """The files the task's hidden tests change: never the agent's to edit."""
-    return frozenset(path for section in _sections(instance.get("test_patch") or "")
-                     for path in section.paths)
+def _patch_paths(patch: str | None) -> frozenset[str]:
+    """The files a patch changes (of a task row: its ``test_patch`` or its gold ``patch``)."""
+    return frozenset(path for section in _sections(patch or "") for path in section.paths)
 
 
 def _fraction(lists: dict[str, list[str]]) -> float:
@@ -293,7 +294,10 @@ def grade_patch(sandbox: Sandbox, instance: dict[str, Any], patch: str,
         return grade
     dropped: list[str] = []
     if grading == "hardened":
-        patch, dropped = filter_patch(patch, protected=_test_paths(instance))
+        # The hidden tests' files are never the agent's; a file the reference fix changes
+        # (setup.cfg in one task of SWE-bench Verified) is part of the task.
+        patch, dropped = filter_patch(patch, protected=_patch_paths(instance.get("test_patch")),
+                                      allowed=_patch_paths(instance.get("patch")))
     if not patch.strip():
         grade = grade_log(instance, "", None)
     elif log_dir is None:
