@@ -267,7 +267,11 @@ except Exception:
 
 def descendants():
     children = {}
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs: only the process group can be reached (below)
+        return []
+    for entry in entries:
         if entry.isdigit():
             try:
                 with open("/proc/%s/stat" % entry, "rb") as handle:
@@ -301,7 +305,7 @@ def kill_all(*_):
             except OSError:
                 pass
         reap()
-    os._exit(0)
+    os.killpg(0, signal.SIGKILL)  # and what is left of the command's group, this process too
 
 signal.signal(signal.SIGTERM, kill_all)
 child = os.fork()
@@ -315,7 +319,8 @@ if child == 0:
         os.execvp(argv[0], argv)
     finally:
         os._exit(127)
-os.close(state_fd) if state_fd >= 0 else None
+if state_fd >= 0:
+    os.close(state_fd)
 null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)
