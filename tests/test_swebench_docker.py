@@ -445,3 +445,21 @@ def test_hardening_docker_background_job_holding_the_output_does_not_hold_the_co
     assert box._shell_state.startswith(b"export KEPT=1")
     never.set()
     box.close()
+
+
+def test_hardening_docker_write_failures_are_invalid_actions_not_crashes():
+    class Refusing(FakeContainer):
+        def put_archive(self, path, data):
+            raise RuntimeError("500 Server Error: not a directory")
+
+    client = FakeClient(local_images=[ROW["image"]])
+    client.container = Refusing()
+    box = DockerSandbox(ROW, client=client)
+    tools = Tools(box)
+    client.api.replies.append((b"", 0))  # path_kind: nothing there
+    result = tools.call(format_tool_call("str_replace_editor", command="create",
+                                         path="/testbed/x/new.py", file_text="x = 1\n"))
+    assert not result.valid and "could not write" in result.output
+    box._shell_state = b"export A=1\n# crl-state-end\n"  # /tmp refuses the session file too
+    assert tools.call(format_tool_call("bash", command="true")).valid
+    box.close()

@@ -1069,7 +1069,10 @@ class DockerSandbox(Sandbox):
         state_file = ""
         if self._shell_state:
             state_file = f"/tmp/.crl-session-{uuid.uuid4().hex}"
-            self._put_file(PurePosixPath(state_file), self._shell_state, mode=0o600)
+            try:
+                self._put_file(PurePosixPath(state_file), self._shell_state, mode=0o600)
+            except SandboxError:  # the agent broke /tmp: a fresh session lets it repair that
+                state_file = ""
         session = bytearray()
         result = self._exec(["bash", "-c", _DOCKER_PRELUDE + _SHELL_WRAPPER, "bash", state_file,
                              command], timeout, session=session)
@@ -1108,7 +1111,11 @@ class DockerSandbox(Sandbox):
         size = (info or {}).get("size", 0)
         if max_bytes is not None and size > max_bytes:  # known before the transfer
             raise FileTooLargeError(path, size, max_bytes)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+        try:
+            archive = b"".join(stream)
+        except Exception as err:  # the stream broke off (the daemon, the container)
+            raise FileNotFoundError(f"{path}: {err}") from err
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             member = tar.next()
             handle = tar.extractfile(member) if member is not None and member.isfile() else None
             if handle is None:
@@ -1134,7 +1141,10 @@ class DockerSandbox(Sandbox):
             member.mtime = int(time.time())
             member.mode = mode
             tar.addfile(member, io.BytesIO(data))
-        self.container.put_archive(str(target.parent), buffer.getvalue())
+        try:
+            self.container.put_archive(str(target.parent), buffer.getvalue())
+        except Exception as err:  # docker.errors.APIError and friends: the agent's tree is odd
+            raise SandboxError(f"could not write {target} in the container: {err}") from err
 
     def remove_file(self, path: str) -> None:
         self._exec(["rm", "-f", "--", self.check_path(path)], timeout=30)
