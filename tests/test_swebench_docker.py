@@ -4,7 +4,9 @@ real instance on a real daemon where one runs (skipped otherwise, with the reaso
 from __future__ import annotations
 
 import io
+import os
 import tarfile
+import time
 import warnings
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import crl_envs  # noqa: F401
 from crl_envs.swebench.data import load_instances
 from crl_envs.swebench.grading import grade_patch
 from crl_envs.swebench.sandbox import (
+    _KILL_ALL_BUT_INIT,
     CONTAINER_REPO,
     DockerSandbox,
     LocalSandbox,
@@ -45,8 +48,9 @@ class FakeAPI:
         self._outputs[exec_id] = output
         return {"Id": exec_id}
 
-    def exec_start(self, exec_id, stream=False):
-        return iter([self._outputs[exec_id]])
+    def exec_start(self, exec_id, stream=False, demux=False):
+        # demux: (stdout, stderr) pairs; the shell's output is on stderr, its session on stdout
+        return iter([(None, self._outputs[exec_id])])
 
     def exec_inspect(self, exec_id):
         return {"ExitCode": self._codes[exec_id]}
@@ -113,18 +117,18 @@ def test_container_start_and_shell_commands():
     assert kwargs["detach"] is True and kwargs["working_dir"] == CONTAINER_REPO == box.repo_dir
     assert kwargs["name"] == "crl.django__django-11099.t1" and client.pulled == []
     # the session starts from ~/.bashrc, where SWE-bench images activate the testbed conda env
-    assert client.api.execs[1]["cmd"][-1] == "source ~/.bashrc >/dev/null 2>&1; true"
+    assert client.api.execs[0]["cmd"][-1] == "source ~/.bashrc >/dev/null 2>&1; true"
     client.api.replies.append((b"hello\n", 0))
     result = box.run("echo hello", timeout=7)
     sent = client.api.execs[-1]
     assert sent["container"] == "c0ffee" and sent["workdir"] == "/testbed" and sent["user"] == "root"
     assert sent["cmd"][:4] == ["timeout", "--kill-after=5", "7", "bash"]
-    assert sent["cmd"][-3:] == ["bash", "/tmp/.crl_shell", "echo hello"]
+    assert sent["cmd"][-3:] == ["bash", "", "echo hello"]  # no saved session yet
     assert result.output == "hello\n" and result.exit_code == 0 and not result.timed_out
     client.api.replies.append((b"partial", 124))
     assert box.run("sleep 99", timeout=1).timed_out
     assert box.diff() == "def f():\n    return 1\n"  # read back whole with get_archive
-    assert "git add -A" in client.api.execs[-1]["cmd"][-1]
+    assert "add -A" in client.api.execs[-2]["cmd"][-1]
     box.close()
     box.close()  # closing twice is harmless
     assert client.container.removed is True
@@ -256,17 +260,20 @@ class HostContainerClient(FakeClient):
         client = self
 
         class API(FakeAPI):
-            def exec_start(self, exec_id, stream=False):
+            def exec_start(self, exec_id, stream=False, demux=False):
                 import subprocess
 
                 sent = self.execs[int(exec_id[4:])]
+                if sent["cmd"][-3:] == _KILL_ALL_BUT_INIT:  # never on the host: it is no container
+                    client.killed_all += 1
+                    return iter([])
                 argv = [client.host(arg) for arg in sent["cmd"]]
                 done = subprocess.run(argv, cwd=client.host(sent["workdir"]),
                                       capture_output=True)
                 # docker reports a signal death as 128 + N, as a shell does
                 code = done.returncode
                 self._codes[exec_id] = code if code >= 0 else 128 - code
-                return iter([done.stdout + done.stderr])
+                return iter([(done.stdout, done.stderr)])
 
         class Container(FakeContainer):
             def put_archive(self, path, data):
@@ -281,9 +288,12 @@ class HostContainerClient(FakeClient):
                 return iter([buffer.getvalue()]), {}
 
         self.api, self.container = API(), Container()
+        self.killed_all = 0
 
     def host(self, arg: str) -> str:
-        """Container paths (/testbed, /tmp/.crl_*) mapped into the host folder."""
+        """Container paths (/testbed, /tmp, /tmp/.crl*) mapped into the host folder."""
+        if arg == "/tmp":
+            return f"{self.root}/tmp"
         return (arg.replace("/tmp/.crl", f"{self.root}/tmp/.crl")
                 .replace(CONTAINER_REPO, f"{self.root}/testbed"))
 
@@ -338,3 +348,118 @@ def test_seed_k_is_task_k_of_the_task_list(data_dir):
     seen = [env.reset(seed=seed)[1]["task_id"] for seed in range(6)]
     assert seen == wanted + wanted
     env.close()
+
+
+def _git_testbed(root: Path) -> Path:
+    import subprocess
+
+    testbed = root / "testbed"
+    (testbed / "pkg").mkdir(parents=True)
+    (testbed / "pkg" / "m.py").write_text("def f():\n    return 1\n")
+    (root / "tmp").mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=testbed, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=testbed, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "b"],
+                   cwd=testbed, check=True)
+    return testbed
+
+
+def test_security_docker_timeout_kills_the_container_processes_and_session_is_kept(tmp_path):
+    """Issue 19, defect 7 on the Docker sandbox (the commands really run, on a host folder):
+    a timeout ends every process of the container, setsid ones included; the shell's session
+    is not a file the agent can delete, nor a capture it can break by redefining builtins."""
+    _git_testbed(tmp_path)
+    client = HostContainerClient(tmp_path)
+    box = DockerSandbox(ROW, client=client)
+    tools = Tools(box, command_timeout=1)
+    assert tools.call(format_tool_call("bash", command="cd pkg && export KEPT=1")).valid
+    tools.call(format_tool_call("bash", command='rm -rf /tmp/.crl* "$__crl_state"; '
+                                                "declare(){ :; }; builtin(){ :; }; AFTER=2"))
+    out = tools.call(format_tool_call("bash", command="echo $KEPT $AFTER; basename $PWD")).output
+    assert out == "1 2\npkg\n[exit code 0]"
+    assert not list((tmp_path / "tmp").iterdir())  # the session went in as a file, read and gone
+    assert client.killed_all == 0
+    slow = tools.call(format_tool_call("bash", command="setsid sleep 30 >/dev/null 2>&1 & "
+                                                       f"echo $! > {tmp_path}/s.pid; sleep 30"))
+    assert "timed out" in slow.output and client.killed_all == 1
+    os.kill(int((tmp_path / "s.pid").read_text()), 9)  # on this host double, the kill was ours
+    box.close()
+
+
+def test_security_docker_kill_acts_only_inside_our_container():
+    import subprocess
+
+    # Run here, on a host whose PID 1 is no `tail -f /dev/null`, the kill must do nothing.
+    with open("/proc/1/cmdline", "rb") as handle:
+        if handle.read().split(b"\0")[:3] == [b"tail", b"-f", b"/dev/null"]:
+            pytest.skip("this machine's PID 1 is `tail -f /dev/null`, like our containers")
+    done = subprocess.run(_KILL_ALL_BUT_INIT, capture_output=True)
+    assert done.returncode == 1  # the guard failed; nothing was signalled
+
+
+@pytest.mark.slow
+def test_security_docker_setsid_process_dies_at_timeout_on_a_real_daemon():
+    """On a machine with Docker (pulls python:3.11-slim, about 50 MB): a setsid process started
+    by a command that times out does not survive it, and the session survives hostile edits."""
+    client = _daemon_or_skip()
+    row = {"instance_id": "crl-hardening", "image": "python:3.11-slim", "base_commit": "HEAD"}
+    box = DockerSandbox(row, client=client)
+    try:
+        tools = Tools(box, command_timeout=2)
+        started = tools.call(format_tool_call("bash", command="setsid sleep 300 & echo $!; "
+                                                              "export KEPT=1; sleep 60"))
+        assert "timed out" in started.output
+        pid = started.output.split()[0]
+        check = tools.call(format_tool_call("bash", command=f"kill -0 {pid} 2>/dev/null && "
+                                                            "echo alive || echo dead"))
+        assert check.output.startswith("dead")
+        tools.call(format_tool_call("bash", command="export KEPT=1; rm -rf /tmp/.crl*; "
+                                                    "declare(){ :; }"))
+        assert tools.call(format_tool_call("bash", command="echo $KEPT")).output == \
+            "1\n[exit code 0]"
+    finally:
+        box.close()
+
+
+def test_hardening_docker_background_job_holding_the_output_does_not_hold_the_command():
+    """A background job (a server, say) keeps the exec's output stream open after the shell
+    exits: the command still returns once its session has come back."""
+    import threading
+
+    never = threading.Event()
+
+    class HeldAPI(FakeAPI):
+        def exec_start(self, exec_id, stream=False, demux=False):
+            def chunks():
+                yield None, b"started\n"
+                yield b"export KEPT=1\n# crl-state-end\n", None
+                never.wait()  # the background job never closes the stream
+            return chunks()
+
+    client = FakeClient(local_images=[ROW["image"]])
+    client.api = HeldAPI()
+    start = time.monotonic()
+    box = DockerSandbox(ROW, client=client)
+    result = box.run("python -m http.server &", timeout=30)
+    assert time.monotonic() - start < 5 and result.output == "started\n"
+    assert box._shell_state.startswith(b"export KEPT=1")
+    never.set()
+    box.close()
+
+
+def test_hardening_docker_write_failures_are_invalid_actions_not_crashes():
+    class Refusing(FakeContainer):
+        def put_archive(self, path, data):
+            raise RuntimeError("500 Server Error: not a directory")
+
+    client = FakeClient(local_images=[ROW["image"]])
+    client.container = Refusing()
+    box = DockerSandbox(ROW, client=client)
+    tools = Tools(box)
+    client.api.replies.append((b"", 0))  # path_kind: nothing there
+    result = tools.call(format_tool_call("str_replace_editor", command="create",
+                                         path="/testbed/x/new.py", file_text="x = 1\n"))
+    assert not result.valid and "could not write" in result.output
+    box._shell_state = b"export A=1\n# crl-state-end\n"  # /tmp refuses the session file too
+    assert tools.call(format_tool_call("bash", command="true")).valid
+    box.close()

@@ -16,7 +16,7 @@ from typing import Any
 
 from crl_envs.base import TextEnv, Transition
 from crl_envs.swebench.data import TOY_DIR, load_instances
-from crl_envs.swebench.grading import Grade, grade_patch
+from crl_envs.swebench.grading import GRADINGS, Grade, grade_patch
 from crl_envs.swebench.sandbox import DockerSandbox, LocalSandbox, Sandbox, SandboxError
 from crl_envs.swebench.tools import TOOL_CALL_SYNTAX, Tools
 
@@ -60,8 +60,13 @@ class SWEBenchEnv(TextEnv):
         command_timeout: seconds before a bash command is killed.
         eval_timeout: seconds before the grading test run is killed.
         max_steps: the step at which the current diff is submitted and graded (50, the
-            paper's). Gymnasium hides the TimeLimit from the env it wraps, so when changing
-            ``max_episode_steps`` in ``gym.make``, pass the same ``max_steps``.
+            paper's); the spec's ``max_episode_steps``, when smaller, wins, so the submission
+            happens at the step where TimeLimit truncates.
+        grading: ``"hardened"`` (default) grades the diff without its changes to test files,
+            test configuration and start-up hooks (``conftest.py``, ``pytest.ini``,
+            ``setup.cfg``, ``tox.ini``, ``pyproject.toml``, ``sitecustomize.py``...), which
+            would let a policy make every test pass; ``"swebench"`` grades it whole, as
+            upstream's harness does (for numbers comparable with the leaderboard).
 
     Each step is one tool call (``instructions`` give the syntax). A malformed call, or one the
     tool refuses without changing anything (no match for ``str_replace``, ``create`` over a file,
@@ -72,8 +77,10 @@ class SWEBenchEnv(TextEnv):
     the order of the dataset or of ``task_ids``), so seeds 0..N-1 visit every task once. ``info["task_id"]``
     is the task's ``instance_id`` (what results files and ``crl swe filter`` key on). The final
     ``info`` holds ``patch``, ``resolved``, ``fail_to_pass`` and ``pass_to_pass`` (pass
-    fractions), ``report`` (swebench's) and ``submitted_by`` (``"submit"`` or
-    ``"step_limit"``).
+    fractions), ``report`` (swebench's), ``submitted_by`` (``"submit"`` or
+    ``"step_limit"``), ``dropped_paths`` (files whose changes the hardened grading left out)
+    and ``grading_note`` (what was left out and why; empty when nothing was). ``patch`` is the
+    diff that was graded. After that final step, ``step`` raises ``ResetNeeded``.
 
     Example:
         >>> import warnings, gymnasium as gym, crl_envs
@@ -93,10 +100,14 @@ class SWEBenchEnv(TextEnv):
                  repos_dir: str | os.PathLike | None = None,
                  command_timeout: float = 120.0, eval_timeout: float = 1800.0,
                  max_steps: int | None = 50, docker_client: Any = None,
-                 render_mode: str | None = None, reward_mode: str = "binary") -> None:
+                 render_mode: str | None = None, reward_mode: str = "binary",
+                 grading: str = "hardened") -> None:
         super().__init__(render_mode=render_mode, reward_mode=reward_mode)
         if sandbox not in SANDBOXES:
             raise ValueError(f"sandbox={sandbox!r} is not one of {SANDBOXES}.")
+        if grading not in GRADINGS:
+            raise ValueError(f"grading={grading!r} is not one of {GRADINGS}.")
+        self.grading = grading
         self.env_id = "CRL/SWEBenchToy-v0" if dataset == "toy" else "CRL/SWEBench-v0"
         self.instructions = _INSTRUCTIONS
         self.dataset = dataset
@@ -146,36 +157,51 @@ class SWEBenchEnv(TextEnv):
         return _TASK_PROMPT.format(repo_dir=self.sandbox.repo_dir,
                                    issue=self.instance["problem_statement"].strip())
 
+    def _step_limit(self) -> int | None:
+        """The step of the forced submission: ``max_steps``, or the TimeLimit's if smaller."""
+        limits = [limit for limit in (self.max_steps,
+                                      getattr(self.spec, "max_episode_steps", None))
+                  if limit is not None]
+        return min(limits) if limits else None
+
     def _step(self, action: str) -> Transition:
         self._steps += 1
         result = self.tools.call(action)
-        at_limit = self.max_steps is not None and self._steps >= self.max_steps
+        limit = self._step_limit()
+        at_limit = limit is not None and self._steps >= limit
         if not (result.submitted or at_limit):
             return Transition(observation=result.output, valid=result.valid,
                               info={"task_id": self.instance["instance_id"]})
+        # Graded once: whatever step() is called next, the episode is over (TimeLimit does not
+        # stop a caller that steps on after truncation; the env must).
+        self._needs_reset = True
         patch = self.sandbox.diff()
-        grade = grade_patch(self.sandbox, self.instance, patch, timeout=self.eval_timeout)
+        grade = grade_patch(self.sandbox, self.instance, patch, timeout=self.eval_timeout,
+                            grading=self.grading)
         submitted_by = "submit" if result.submitted else "step_limit"
         verdict = "resolved" if grade.resolved else "not resolved"
         prefix = "" if result.submitted else (
-            f"{result.output}\n\nStep limit ({self.max_steps}) reached: the current diff was "
+            f"{result.output}\n\nStep limit ({limit}) reached: the current diff was "
             "submitted.\n")
+        note = f" {grade.note}" if grade.note else ""
         return Transition(
             observation=f"{prefix}Submitted. The issue is {verdict} "
                         f"(FAIL_TO_PASS {grade.fail_to_pass:.0%}, PASS_TO_PASS "
-                        f"{grade.pass_to_pass:.0%}).",
+                        f"{grade.pass_to_pass:.0%}).{note}",
             # The forced submission at the step limit is graded even after a malformed call;
             # `action_valid` still reports the call itself.
             valid=True, won=grade.resolved, terminated=result.submitted,
             score=float(grade.resolved),
-            info={**self._grade_info(patch, grade), "submitted_by": submitted_by,
+            info={**self._grade_info(grade), "submitted_by": submitted_by,
                   "action_valid": result.valid, "task_id": self.instance["instance_id"]},
         )
 
     @staticmethod
-    def _grade_info(patch: str, grade: Grade) -> dict[str, Any]:
-        return {"patch": patch, "resolved": grade.resolved, "fail_to_pass": grade.fail_to_pass,
-                "pass_to_pass": grade.pass_to_pass, "report": grade.report}
+    def _grade_info(grade: Grade) -> dict[str, Any]:
+        return {"patch": grade.patch, "resolved": grade.resolved,
+                "fail_to_pass": grade.fail_to_pass, "pass_to_pass": grade.pass_to_pass,
+                "report": grade.report, "dropped_paths": grade.dropped_paths,
+                "grading_note": grade.note}
 
     # ----------------------------------------------------------------- sandboxes
     def _make_sandbox(self, instance: dict[str, Any]) -> Sandbox:

@@ -17,10 +17,12 @@ and SWE-smith's text prompts, which code models are trained on.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 
 from crl_envs.swebench.sandbox import (
     OUTPUT_LIMIT,
+    FileTooLargeError,
     PathOutsideSandboxError,
     Sandbox,
     SandboxError,
@@ -36,6 +38,8 @@ __all__ = [
     "Tools",
     "parse_tool_call",
     "format_tool_call",
+    "MAX_ACTION_CHARS",
+    "MAX_EDITOR_FILE_BYTES",
 ]
 
 TOOL_CALL_SYNTAX = """\
@@ -88,10 +92,17 @@ _EDITOR_COMMANDS: dict[str, set[str]] = {
     "undo_edit": set(),
 }
 
-_FUNCTION_RE = re.compile(r"<function\s*=\s*([^>\s]*)\s*>(.*?)(?:</function>|\Z)", re.DOTALL)
-_PARAMETER_RE = re.compile(r"<parameter\s*=\s*([^>\s]*)\s*>(.*?)</parameter>", re.DOTALL)
 _SNIPPET_LINES = 4
+_MAX_NAME = 64  # characters of a tool or parameter name
 MAX_COMMAND_BYTES = 100_000
+# An action longer than this is refused before it is parsed: a policy that learns to write
+# megabytes per turn must not cost the env more than reading it once.
+MAX_ACTION_CHARS = 200_000
+# The editor holds a file, its lines and its edit history in memory; larger files are refused
+# (bash tools such as sed, head and grep stream them).
+MAX_EDITOR_FILE_BYTES = 2_000_000
+# Text the edit history (for undo_edit) keeps, over all files.
+MAX_HISTORY_CHARS = 20_000_000
 
 
 class ToolCallError(ValueError):
@@ -124,8 +135,69 @@ def _strip_one_newline(value: str) -> str:
     return value
 
 
+def _tag_end(text: str, start: int, tag: str) -> tuple[str, int] | None:
+    """At ``text[start:]``, ``<tag = NAME >`` (whitespace optional): NAME and the index after
+    ``>``; ``None`` if the text there is not such a tag. Scans only the tag itself: a name is
+    at most ``_MAX_NAME`` characters, so tags without their ``>`` cannot make parsing
+    quadratic."""
+    at = start + len(tag) + 1
+    while at < len(text) and text[at].isspace():
+        at += 1
+    if at >= len(text) or text[at] != "=":
+        return None
+    at += 1
+    while at < len(text) and text[at].isspace():
+        at += 1
+    name_start = at
+    while at < len(text) and text[at] != ">" and not text[at].isspace():
+        at += 1
+        if at - name_start > _MAX_NAME:
+            return None
+    name = text[name_start:at]
+    while at < len(text) and text[at].isspace():
+        at += 1
+    if at >= len(text) or text[at] != ">":
+        return None
+    return name, at + 1
+
+
+def _function_blocks(text: str) -> list[tuple[str, str]]:
+    """Every ``<function=NAME>BODY</function>`` block (the last may run to the end of the text).
+
+    One pass with ``str.find`` that never rescans text: linear in the length of ``text``,
+    where a lazy regex with a fallback alternative is quadratic on unclosed blocks.
+    """
+    blocks, at = [], 0
+    while (start := text.find("<function", at)) != -1:
+        tag = _tag_end(text, start, "function")
+        if tag is None:
+            at = start + len("<function")
+            continue
+        name, body_start = tag
+        close = text.find("</function>", body_start)
+        body_end = len(text) if close == -1 else close
+        blocks.append((name, text[body_start:body_end]))
+        at = len(text) if close == -1 else close + len("</function>")
+    return blocks
+
+
+def _parameter_blocks(body: str) -> list[tuple[str, str]]:
+    """The ``<parameter=KEY>VALUE</parameter>`` blocks of a function body, in one linear pass."""
+    blocks, at = [], 0
+    while (start := body.find("<parameter", at)) != -1:
+        tag = _tag_end(body, start, "parameter")
+        close = body.find("</parameter>", tag[1]) if tag is not None else -1
+        if close == -1:
+            raise ToolCallError("a <parameter=NAME> block is not closed with </parameter>")
+        blocks.append((tag[0], body[tag[1]:close]))
+        at = close + len("</parameter>")
+    return blocks
+
+
 def parse_tool_call(text: str) -> ToolCall:
     """Parse one tool call written in ``TOOL_CALL_SYNTAX``; raise ``ToolCallError`` otherwise.
+
+    Text longer than ``MAX_ACTION_CHARS`` is refused before it is parsed; parsing is linear.
 
     >>> call = parse_tool_call("<function=bash>\\n<parameter=command>ls -a</parameter>\\n</function>")
     >>> call.name, call.parameters
@@ -135,7 +207,11 @@ def parse_tool_call(text: str) -> ToolCall:
     ...
     crl_envs.swebench.tools.ToolCallError: no tool call found: write <function=TOOL_NAME> ... </function> (tools: bash, str_replace_editor, submit)
     """
-    calls = _FUNCTION_RE.findall(text)
+    if len(text) > MAX_ACTION_CHARS:
+        raise ToolCallError(f"the action is {len(text):,} characters; the limit is "
+                            f"{MAX_ACTION_CHARS:,}. Write large files in parts (create, then "
+                            "insert)")
+    calls = _function_blocks(text)
     if not calls:
         raise ToolCallError("no tool call found: write <function=TOOL_NAME> ... </function> "
                             f"(tools: {', '.join(TOOL_NAMES)})")
@@ -145,13 +221,10 @@ def parse_tool_call(text: str) -> ToolCall:
     if name not in _PARAMETERS:
         raise ToolCallError(f"unknown tool {name!r}; tools: {', '.join(TOOL_NAMES)}")
     parameters: dict[str, str] = {}
-    for key, value in _PARAMETER_RE.findall(body):
+    for key, value in _parameter_blocks(body):
         if key in parameters:
             raise ToolCallError(f"parameter {key!r} given twice")
         parameters[key] = _strip_one_newline(value)
-    leftover = _PARAMETER_RE.sub("", body)
-    if "<parameter" in leftover:
-        raise ToolCallError("a <parameter=NAME> block is not closed with </parameter>")
     required, optional = _PARAMETERS[name]
     unknown = set(parameters) - required - optional
     if unknown:
@@ -178,9 +251,11 @@ def format_tool_call(name: str, **parameters: object) -> str:
 
 
 def _numbered(text: str, first_line: int = 1) -> str:
-    # cat -n layout, as SWE-agent shows files
+    # cat -n layout, as SWE-agent shows files; bytes that are not UTF-8 show as U+FFFD (the file
+    # keeps them: the sandbox reads them as surrogate escapes)
+    shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     return "\n".join(f"{number:6}\t{line}"
-                     for number, line in enumerate(text.split("\n"), start=first_line))
+                     for number, line in enumerate(shown.split("\n"), start=first_line))
 
 
 class Tools:
@@ -211,6 +286,10 @@ class Tools:
         self.command_timeout = command_timeout
         # path -> earlier versions of the file, None where it did not exist (before `create`)
         self._history: dict[str, list[str | None]] = {}
+        # Paths in the order their versions were kept; the oldest versions go first when the
+        # kept text passes MAX_HISTORY_CHARS (a long episode of edits on big files).
+        self._kept_order: deque[str] = deque()
+        self._kept_chars = 0
 
     def call(self, text: str) -> ToolResult:
         """Parse ``text`` as one tool call and run it."""
@@ -284,6 +363,11 @@ class Tools:
             return self._undo(path)
         except PathOutsideSandboxError as err:
             return ToolResult(f"Refused: {err}", valid=False)
+        except FileTooLargeError as err:
+            return ToolResult(f"str_replace_editor {command} refused: {err}", valid=False)
+        except UnicodeEncodeError as err:
+            return ToolResult(f"str_replace_editor {command} refused: the text holds a character "
+                              f"that cannot be written as UTF-8 ({err.reason}).", valid=False)
         except (OSError, SandboxError) as err:
             return ToolResult(f"str_replace_editor {command} failed on {path}: {err}",
                               valid=False)
@@ -297,7 +381,7 @@ class Tools:
                               f"excluding hidden items:\n{path}\n{listing}")
         # Raw text, tabs included: SWE-agent expands tabs and writes them back expanded, which
         # rewrites every tab-indented file it touches; here an edit changes only what it names.
-        text = self.sandbox.read_file(path)
+        text = self._read(path)
         lines = text.split("\n")
         first = 1
         if view_range:
@@ -324,11 +408,14 @@ class Tools:
             return ToolResult(f"File already exists at: {path}. Cannot overwrite files using "
                               "command `create`.", valid=False)
         self.sandbox.write_file(path, file_text)
-        self._history.setdefault(path, []).append(None)
+        self._remember(path, None)
         return ToolResult(f"File created successfully at: {path}")
 
+    def _read(self, path: str) -> str:
+        return self.sandbox.read_file(path, max_bytes=MAX_EDITOR_FILE_BYTES)
+
     def _str_replace(self, path: str, old_str: str, new_str: str) -> ToolResult:
-        text = self.sandbox.read_file(path)
+        text = self._read(path)
         count = text.count(old_str) if old_str else 0
         if count == 0:
             return ToolResult(f"No replacement was performed, old_str `{_quote(old_str)}` did "
@@ -339,14 +426,14 @@ class Tools:
             return ToolResult(f"No replacement was performed. Multiple occurrences of old_str "
                               f"`{_quote(old_str)}` in lines {lines[:20]}. Please ensure it is "
                               "unique.", valid=False)
-        self._history.setdefault(path, []).append(text)
+        self._remember(path, text)
         new_text = text.replace(old_str, new_str)
         self.sandbox.write_file(path, new_text)
         edit_line = text.split(old_str)[0].count("\n")
         return ToolResult(self._edited(path, new_text, edit_line, new_str.count("\n")))
 
     def _insert(self, path: str, insert_line: str, new_str: str) -> ToolResult:
-        text = self.sandbox.read_file(path)
+        text = self._read(path)
         lines = text.split("\n")
         try:
             at = int(insert_line.strip())
@@ -356,7 +443,7 @@ class Tools:
             return ToolResult(f"Invalid `insert_line` parameter: {insert_line}. It should be "
                               f"within the range of lines of the file: [0, {len(lines)}].",
                               valid=False)
-        self._history.setdefault(path, []).append(text)
+        self._remember(path, text)
         new_lines = new_str.split("\n")
         new_text = "\n".join(lines[:at] + new_lines + lines[at:])
         self.sandbox.write_file(path, new_text)
@@ -367,6 +454,7 @@ class Tools:
         if not history:
             return ToolResult(f"No edit history found for {path}.", valid=False)
         previous = history.pop()
+        self._kept_chars -= len(previous or "")
         if previous is None:
             self.sandbox.remove_file(path)
             return ToolResult(f"Last edit to {path} undone successfully (the file it created was "
@@ -374,6 +462,16 @@ class Tools:
         self.sandbox.write_file(path, previous)
         return ToolResult(f"Last edit to {path} undone successfully. Here's the result of running "
                           f"`cat -n` on {path}:\n{cut_output(_numbered(previous))}")
+
+    def _remember(self, path: str, text: str | None) -> None:
+        """Keep ``text`` as the version of ``path`` before an edit (``None``: it did not exist)."""
+        self._history.setdefault(path, []).append(text)
+        self._kept_order.append(path)
+        self._kept_chars += len(text or "")
+        while self._kept_chars > MAX_HISTORY_CHARS and self._kept_order:
+            versions = self._history.get(self._kept_order.popleft())
+            if versions:
+                self._kept_chars -= len(versions.pop(0) or "")
 
     @staticmethod
     def _edited(path: str, new_text: str, edit_line: int, added_lines: int) -> str:
