@@ -44,7 +44,7 @@ from crl_harness.experience.ask import (
     refused_observation,
     tool_instructions,
 )
-from crl_harness.experience.gate import gate_messages, parse_verdict
+from crl_harness.experience.gate import Verdict, gate_messages, parse_verdict
 from crl_harness.models.base import STOP, Generation, ModelBackend
 from crl_harness.prompting import Conversation, format_error_message, parse_answer, system_prompt
 from wrappers.experience import DEFAULT_HEADER
@@ -105,7 +105,7 @@ class GateRecord:
     ``format_ok`` false), the restated experience (refine) and the reply itself, which the actor
     is trained on with the episode's advantage."""
 
-    verdict: str
+    verdict: Verdict
     critic: float
     turn: Turn
     knowledge: str = ""
@@ -454,7 +454,7 @@ class RolloutEngine:
         cfg = self.config
         budget = self.backend.max_context - cfg.max_new_tokens
         prompts = [e.conversation.messages(budget, self.backend.count_tokens) for e in episodes]
-        # The ask's closing tag ends a reply, as the released code's stop string does; asked
+        # The ask's closing tag ends a reply, as the released code's stop string does; passed
         # only when the tool is on, so backends without stop strings work as before.
         stop = {"stop": (ASK_CLOSE,)} if cfg.search_and_ask else {}
         return self.backend.generate(
