@@ -384,3 +384,11 @@ def test_trainer_runs_both_switches_and_logs_their_metrics(tmp_path):
     assert record["gate/format_failures"] == 1 and record["gate/reject_rate"] == 0.0
     assert record["ask/per_episode"] == 0.0 and record["ask/answered"] == 0
     assert record["gate/entry_credit"] in (1.0, 2.0)  # accept: the episode's score + 1
+
+
+def test_doctests_of_the_gate_ask_and_credit_modules():
+    import doctest
+
+    from crl_harness.experience import ask, credit, gate
+
+    assert all(doctest.testmod(module).failed == 0 for module in (gate, ask, credit))
