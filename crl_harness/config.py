@@ -2,8 +2,9 @@
 
 Holds ``TrainConfig`` (the whole run) and its parts ``RunConfig``, ``TaskConfig`` (+ ``EnvEntry``),
 ``ActorConfig``, ``ExtractorConfig``, ``ExperienceConfig``, ``LoRAConfig``; ``load_config`` and
-``ConfigError``. The defaults are the paper's released settings (PAPER.md); a YAML file under
-``assets/configs/`` changes only what differs. The three arms are one switch, ``arm``:
+``ConfigError``. The defaults are the paper's released settings (PAPER.md), except the released
+code's two switches ``experience.actor_critic_gate`` and ``experience.search_and_ask``, off here
+(README, Training); a YAML file under ``assets/configs/`` changes only what differs. The three arms are one switch, ``arm``:
 
 - ``co-evolve``: Complementary RL, the extractor is trained by CISPO;
 - ``static``: the extractor is frozen, but the bank is still written and used;
@@ -18,13 +19,13 @@ Types and keys are checked by OmegaConf (structured configs); an error names the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 __all__ = [
     "ConfigError",
@@ -200,9 +201,18 @@ class ExperienceConfig:
     max_transcript_chars: int = 12_000
     """longer transcripts keep their head and tail in the extractor's prompt"""
     actor_critic_gate: bool = False
-    """the actor judges retrieved experience first (accept / refine / reject)"""
+    """before a guided episode the actor judges the retrieved experience: accept keeps it, refine
+    restates it, reject plays without it; the entries' writers are then credited by the verdict
+    (critic -1 / 0.5, or the episode's score + 1 on accept). Off here, on in the released code
+    (README, Training)"""
     search_and_ask: bool = False
-    """the actor may query the bank during an episode"""
+    """guided episodes may ask the bank mid-episode
+    (``<knowledge_search_and_ask>QUERY</knowledge_search_and_ask>``); the extractor answers, and
+    that generation is credited with the episode's outcome. Off here, on in the released code"""
+    max_asks: int = 2
+    """search-and-ask: asks answered per episode (released: 2); later ones are refused"""
+    max_query_chars: int = 1_000
+    """search-and-ask: a longer query is cut to this many characters before it is sent"""
 
 
 @dataclass
@@ -332,10 +342,24 @@ def _shorten(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[:limit]}..."
 
 
+SWITCHES = ("experience.actor_critic_gate", "experience.search_and_ask")
+"""keys that take true or false only (OmegaConf alone would read 2 or "on" as true)"""
+
+
 def _omegaconf_message(err: OmegaConfBaseException) -> str:
     key = getattr(err, "full_key", None) or "?"
     message = str(err).split("\n")[0]
+    section = getattr(err, "object_type", None)
+    if isinstance(err, (ConfigKeyError, ConfigAttributeError)) and is_dataclass(section):
+        # an unknown key: name the ones that exist
+        message += f"; known keys: {', '.join(f.name for f in fields(section))}"
     return f"bad config key '{key}': {message}"
+
+
+def _check_switch(key: str, value: Any, where: str) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: bad config key '{key}': must be true or false, got "
+                          f"{value!r}")
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
@@ -352,6 +376,10 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
             raise ConfigError(f"{resolved}: not valid YAML: {err}") from err
         if not OmegaConf.is_dict(loaded):
             raise ConfigError(f"{resolved}: the top level must be a mapping of keys")
+        for key in SWITCHES:
+            value = OmegaConf.select(loaded, key, default=None)
+            if value is not None:
+                _check_switch(key, value, source)
         layers.append(loaded)
     try:
         merged = OmegaConf.merge(*layers)
@@ -367,6 +395,8 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
                               "(e.g. run.steps=10)")
         value = _override_value(item, text)
         try:
+            if key in SWITCHES:
+                _check_switch(key, value, f"override '{item}'")
             # update (not a dotlist merge) so that list items can be set: tasks.envs.0.weight=2
             OmegaConf.update(merged, key, value, merge=True)
         except OmegaConfBaseException as err:
@@ -414,6 +444,8 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                        ("experience.capacity", cfg.experience.capacity),
                        ("experience.merge_every", cfg.experience.merge_every),
                        ("experience.max_transcript_chars", cfg.experience.max_transcript_chars),
+                       ("experience.max_asks", cfg.experience.max_asks),
+                       ("experience.max_query_chars", cfg.experience.max_query_chars),
                        ("experience.max_concurrent_extractions",
                         cfg.experience.max_concurrent_extractions)):
         if value < 1:
@@ -428,6 +460,11 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             fail(key, f"must be >= 0, got {value}")
     if cfg.actor.warmup_steps < 0:
         fail("actor.warmup_steps", "must be >= 0")
+    if cfg.arm == "none":
+        for key in SWITCHES:
+            if getattr(cfg.experience, key.removeprefix("experience.")):
+                fail(key, "needs experience, and arm=none retrieves none; set it false or use "
+                     "arm=co-evolve / arm=static")
     # The learners train the backend's own transformers model; other backends have no such
     # model here and no weight sync, so a run would fail at its first step or never update.
     if not cfg.actor.model.startswith("hf:"):

@@ -1,7 +1,8 @@
 """The multi-turn rollout engine: many episodes on many envs, one batched generate per turn.
 
-Holds ``EpisodeSpec`` (what to play), ``Turn`` and ``Trajectory`` (what was played, with the
-token ids, log-probs and loss masks the trainer needs), ``RolloutConfig`` and ``RolloutEngine``.
+Holds ``EpisodeSpec`` (what to play), ``Turn``, ``GateRecord`` and ``Trajectory`` (what was played,
+with the token ids, log-probs and loss masks the trainer needs), ``RolloutConfig`` and
+``RolloutEngine``.
 
 Each turn, every live episode's conversation becomes one prompt and the backend answers all of
 them in a single ``generate`` call; finished episodes hand their env to the next pending spec,
@@ -9,6 +10,18 @@ so the batch stays full. Generated token ids are kept exactly as sampled, never 
 A reply that breaks the ``<think>...</think><answer>ACTION</answer>`` format is an invalid
 action: the env does not move, the agent is told what was wrong, the turn counts toward the
 step limit, and ``format_penalty`` is added to the episode reward.
+
+The released method's two switches (``crl_harness.experience.gate`` and ``.ask``) add actor turns
+that are trained like the others:
+- ``actor_critic_gate``: before a guided episode that retrieved experience, the actor judges it in
+  one batched turn of its own (``Trajectory.gate``); reject plays the episode without it, refine
+  with the actor's restatement;
+- ``search_and_ask``: a guided episode's reply may be an ask instead of an action (generation
+  stops at the tool's closing tag); the Experience Manager's extractor answers it, the answer is
+  the next observation, and the env does not move.
+The engine reports each guided episode's outcome itself when it ends (the entries' writers, by
+the gate's verdict when there was one, and the generations that answered its asks), so the
+experience wrapper it builds gets a retrieve-only view of the retriever.
 """
 
 from __future__ import annotations
@@ -22,11 +35,22 @@ from typing import Any
 import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
-from crl_harness.models.base import Generation, ModelBackend
+from crl_harness.experience.ask import (
+    ASK_CLOSE,
+    AskRecord,
+    answer_observation,
+    empty_query_observation,
+    parse_ask,
+    refused_observation,
+    tool_instructions,
+)
+from crl_harness.experience.gate import Verdict, gate_messages, parse_verdict
+from crl_harness.models.base import STOP, Generation, ModelBackend
 from crl_harness.prompting import Conversation, format_error_message, parse_answer, system_prompt
+from wrappers.experience import DEFAULT_HEADER
 
-__all__ = ["EpisodeSpec", "Turn", "Trajectory", "RolloutConfig", "RolloutEngine", "LiveEpisode",
-           "make_env", "task_id_of", "transcript_of"]
+__all__ = ["EpisodeSpec", "Turn", "GateRecord", "Trajectory", "RolloutConfig", "RolloutEngine",
+           "LiveEpisode", "make_env", "task_id_of", "transcript_of"]
 
 
 @dataclass
@@ -63,6 +87,7 @@ class Turn:
     reward: float = 0.0
     finish_reason: str = ""
     observation: str = ""  # what the agent saw before this reply
+    ask: AskRecord | None = None  # set when the reply asked the knowledge base (no env step)
 
     @property
     def input_ids(self) -> list[int]:
@@ -74,15 +99,30 @@ class Turn:
 
 
 @dataclass
+class GateRecord:
+    """The actor-critic gate's turn of an episode: the actor's verdict on the experience shown,
+    its critic score (accept 1, refine 0.5, reject -1; a malformed reply is accept with
+    ``format_ok`` false), the restated experience (refine) and the reply itself, which the actor
+    is trained on with the episode's advantage."""
+
+    verdict: Verdict
+    critic: float
+    turn: Turn
+    knowledge: str = ""
+    format_ok: bool = True
+
+
+@dataclass
 class Trajectory:
     """A finished episode.
 
     ``task_id`` names the task (the env's ``info["task_id"]``, else ``ENV_ID:SEED``).
     ``reward`` is the episode return (env rewards plus format penalties), ``won`` and ``score``
-    the env's verdict, ``steps`` the number of agent turns, ``experience_ids`` the bank entries
-    shown to the agent (for the extractor's credit), ``transcript`` the episode as text (the
-    extractor's input). ``error`` is set when the env itself failed; such an episode is not a
-    sample of the policy.
+    the env's verdict, ``steps`` the number of agent turns that count toward the step limit
+    (answered asks do not), ``experience_ids`` the bank entries shown to the agent (for the
+    extractor's credit; kept when the gate rejected them), ``gate`` the actor-critic gate's turn,
+    ``transcript`` the episode as text (the extractor's input). ``error`` is set when the env
+    itself failed; such an episode is not a sample of the policy.
     """
 
     env_id: str
@@ -103,10 +143,17 @@ class Trajectory:
     terminated: bool = False
     truncated: bool = False
     error: str = ""
+    gate: GateRecord | None = None
 
     @property
     def generated_tokens(self) -> int:
-        return sum(len(t.token_ids) for t in self.turns)
+        gate = len(self.gate.turn.token_ids) if self.gate is not None else 0
+        return gate + sum(len(t.token_ids) for t in self.turns)
+
+    @property
+    def asks(self) -> list[AskRecord]:
+        """The episode's ask turns, answered or not."""
+        return [t.ask for t in self.turns if t.ask is not None]
 
 
 @dataclass
@@ -134,6 +181,14 @@ class RolloutConfig:
     """Base seed of the sampling; each generate call gets the next derived seed."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for gym.make, per env id."""
+    actor_critic_gate: bool = False
+    """Guided episodes that retrieved experience start with the actor's verdict on it."""
+    search_and_ask: bool = False
+    """Guided episodes may ask the knowledge base (the retriever needs ``ask``)."""
+    max_asks: int = 2
+    """Asks answered per episode; later ones are refused."""
+    max_query_chars: int = 1_000
+    """A longer query is cut to this many characters before it is sent."""
 
 
 def make_env(env_id: str, retriever: Any = None, experience_k: int = 1, **kwargs: Any) -> gym.Env:
@@ -151,12 +206,27 @@ def task_id_of(env_id: str, seed: int, info: dict[str, Any]) -> str:
     return str(info.get("task_id") or f"{env_id}:{seed}")
 
 
-def transcript_of(task: str, turns: Sequence[Turn], won: bool, score: float) -> str:
-    """The episode as plain text: task, then each observation and action, then the outcome."""
+def _gate_line(gate: GateRecord) -> str:
+    if gate.verdict == "reject":
+        return "[Lessons] the agent rejected the lessons it was given and played without them"
+    if gate.verdict == "refine":
+        return f"[Lessons] the agent refined the lessons it was given into: {gate.knowledge}"
+    return "[Lessons] the agent accepted the lessons it was given"
+
+
+def transcript_of(task: str, turns: Sequence[Turn], won: bool, score: float,
+                  gate: GateRecord | None = None) -> str:
+    """The episode as plain text: task, the gate's verdict when there was one, then each
+    observation and action (or ask), then the outcome."""
     lines = [f"Task: {task}"] if task else []
+    if gate is not None:
+        lines.append(_gate_line(gate))
     for index, turn in enumerate(turns, start=1):
         lines.append(f"[Observation {index}]\n{turn.observation}")
-        action = turn.action if turn.format_ok else "(reply not in the answer format)"
+        if turn.ask is not None:
+            action = f"(asked the knowledge base: {turn.ask.query})"
+        else:
+            action = turn.action if turn.format_ok else "(reply not in the answer format)"
         lines.append(f"[Action {index}] {action}")
     lines.append(f"[Outcome] {'success' if won else 'failure'} (score {score:g})")
     return "\n".join(lines)
@@ -165,18 +235,31 @@ def transcript_of(task: str, turns: Sequence[Turn], won: bool, score: float) -> 
 class LiveEpisode:
     """One episode being played: its env, its conversation (the prompts exactly as the engine
     renders them) and its trajectory so far. The engine drives it; so does the warm start,
-    which replays scripted oracles through the same rendering."""
+    which replays scripted oracles through the same rendering.
 
-    def __init__(self, spec: EpisodeSpec, env: gym.Env, history: int | None) -> None:
+    ``tools``: a block appended to the system prompt (the search-and-ask instructions of a
+    guided episode). ``experience`` is the experience text the system prompt carries;
+    ``set_experience`` replaces it before the first turn (the actor-critic gate's verdict).
+    """
+
+    def __init__(self, spec: EpisodeSpec, env: gym.Env, history: int | None,
+                 tools: str = "") -> None:
         self.spec = spec
         self.env = env
         self.history = history
+        self.tools = tools
         self.max_turns = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 50
         self.trajectory = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience)
         self.conversation = Conversation("", history)
-        self.observation = ""
+        self.observation = ""  # what the agent sees next (the state, or a note and the state)
+        self.state = ""  # the env's latest observation
         self.info: dict[str, Any] = {}  # the env's info of the latest reset or step
         self.done = False
+        self.instructions = ""  # the env's instructions without the experience block
+        self.experience = ""
+        self.task_line = ""  # the task, when the observation does not already state it
+        self.answered_asks = 0
+        self._placed = False  # the wrapper placed the experience block into the instructions
 
     def reset(self, with_experience_option: bool) -> None:
         options = dict(self.spec.options or {})
@@ -186,17 +269,42 @@ class LiveEpisode:
         self.info = info
         instructions = info.get("instructions") or getattr(self.env.unwrapped, "instructions", "")
         experience = info.get("experience", "") or ""
-        if experience and experience in instructions:
-            experience = ""  # the wrapper already put it into the instructions
+        # The wrapper appends "HEADER\nEXPERIENCE" to the instructions; it is kept apart so that
+        # the gate can remove or restate it, and put back in the same place otherwise.
+        block = f"{DEFAULT_HEADER}\n{experience}"
+        self._placed = bool(experience) and instructions.endswith(block)
+        if self._placed:
+            instructions = instructions[: -len(block)].removesuffix("\n\n")
+        elif experience in instructions:
+            experience = ""  # already in the instructions some other way
+        self.instructions, self.experience = instructions, experience
         task = info.get("task", "") or ""
+        self.task_line = "" if task in observation else task
         self.trajectory.task = task
         self.trajectory.task_id = task_id_of(self.spec.env_id, self.spec.seed, info)
         self.trajectory.experience_ids = list(info.get("experience_ids", []))
-        self.conversation = Conversation(
-            system_prompt(instructions, experience, task="" if task in observation else task),
-            self.history,
-        )
+        self.conversation = Conversation(self._system(), self.history)
+        self.state = observation
         self.observe(observation)
+
+    def task_prompt(self) -> str:
+        """The system prompt without experience or tools (what the gate shows as the task)."""
+        return system_prompt(self.instructions, "", task=self.task_line)
+
+    def set_experience(self, text: str) -> None:
+        """Replace the experience of the system prompt (before the first turn)."""
+        self.experience = text
+        self.conversation.system = self._system()
+
+    def _system(self) -> str:
+        instructions, experience = self.instructions, self.experience
+        if self._placed:
+            if experience:
+                block = f"{DEFAULT_HEADER}\n{experience}"
+                instructions = f"{instructions}\n\n{block}" if instructions else block
+            experience = ""
+        system = system_prompt(instructions, experience, task=self.task_line)
+        return f"{system}\n\n{self.tools}" if self.tools else system
 
     def observe(self, observation: str) -> None:
         self.observation = observation
@@ -214,7 +322,20 @@ class LiveEpisode:
         traj.invalid_actions += not turn.action_valid
         traj.terminated, traj.truncated = bool(terminated), bool(truncated)
         self.done = terminated or truncated
+        self.state = observation
         self.observe(observation)
+
+
+class _RetrieveOnly:
+    """The retriever as the engine's experience wrappers see it: without ``report_outcome``, as
+    the engine reports each episode's outcome itself (``_report_credit``), knowing the gate's
+    verdict and the asks, which the wrapper does not."""
+
+    def __init__(self, retriever: Any) -> None:
+        self.retriever = retriever
+
+    def retrieve(self, env_id: str, query: str, k: int) -> Any:
+        return self.retriever.retrieve(env_id, query, k)
 
 
 class RolloutEngine:
@@ -222,8 +343,10 @@ class RolloutEngine:
 
     ``retriever`` (the experience manager, or anything with ``retrieve(env_id, query, k)``)
     turns on ``ExperienceAugmentation``; each spec's ``use_experience`` then chooses whether
-    that episode sees experience. Envs are kept between ``run`` calls and reused; ``close()``
-    frees them.
+    that episode sees experience. When a guided episode ends, the engine calls the retriever's
+    ``report_outcome(entry_ids, score[, critic])`` and ``report_ask_outcome(generation_ids,
+    score)`` where it has them; ``search_and_ask`` needs its ``ask(env_id, query, k)``. Envs are
+    kept between ``run`` calls and reused; ``close()`` frees them.
 
     Example:
         >>> import tempfile
@@ -247,6 +370,10 @@ class RolloutEngine:
             if not hasattr(self.config, key):
                 raise TypeError(f"Unknown rollout setting {key!r}; see RolloutConfig.")
             setattr(self.config, key, value)
+        if self.config.search_and_ask and not callable(getattr(retriever, "ask", None)):
+            raise TypeError("search_and_ask needs a retriever with ask(env_id, query, k) (the "
+                            "Experience Manager); turn it off or pass one.")
+        self._tools = tool_instructions(self.config.max_asks) if self.config.search_and_ask else ""
         self._free_envs: dict[str, list[gym.Env]] = {}
         self._seeds = itertools.count(self.config.seed) if self.config.seed is not None else None
 
@@ -267,7 +394,10 @@ class RolloutEngine:
                 started = []
                 while pending and len(live) + len(started) < cfg.max_live:
                     index, spec = pending.pop()
-                    started.append((index, LiveEpisode(spec, self._take_env(spec.env_id), cfg.history)))
+                    tools = self._tools if spec.use_experience and self.retriever is not None else ""
+                    started.append((index, LiveEpisode(spec, self._take_env(spec.env_id),
+                                                       cfg.history, tools)))
+                fresh = []
                 for (index, episode), error in zip(
                     started, pool.map(self._guard(lambda e: e.reset(self.retriever is not None)),
                                       [e for _, e in started]),
@@ -278,14 +408,21 @@ class RolloutEngine:
                         self._finish(index, episode, results, on_done)
                     else:
                         live.append((index, episode))
+                        fresh.append(episode)
+                if cfg.actor_critic_gate:
+                    self._gate([e for e in fresh if e.spec.use_experience and e.experience])
                 if not live:
                     continue
                 generations = self._generate([episode for _, episode in live])
-                to_step = []
+                to_step, to_ask = [], []
                 for (_, episode), generation in zip(live, generations, strict=True):
                     turn = self._record(episode, generation)
-                    if turn.format_ok:
+                    if turn.ask is not None:
+                        if turn.ask.status == "answered":
+                            to_ask.append((episode, turn))
+                    elif turn.format_ok:
                         to_step.append((episode, turn))
+                self._answer(to_ask)
                 for (episode, _), error in zip(
                     to_step, pool.map(self._guard(lambda pair: pair[0].step(pair[1])), to_step),
                     strict=True,
@@ -310,27 +447,64 @@ class RolloutEngine:
         self._free_envs.clear()
 
     # ----------------------------------------------------------------- steps of run
+    def _next_seed(self) -> int | None:
+        return next(self._seeds) if self._seeds is not None else None
+
     def _generate(self, episodes: list[LiveEpisode]) -> list[Generation]:
         cfg = self.config
         budget = self.backend.max_context - cfg.max_new_tokens
         prompts = [e.conversation.messages(budget, self.backend.count_tokens) for e in episodes]
+        # The ask's closing tag ends a reply, as the released code's stop string does; passed
+        # only when the tool is on, so backends without stop strings work as before.
+        stop = {"stop": (ASK_CLOSE,)} if cfg.search_and_ask else {}
         return self.backend.generate(
             prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            top_p=cfg.top_p, seed=next(self._seeds) if self._seeds is not None else None,
+            top_p=cfg.top_p, seed=self._next_seed(), **stop,
         )
 
+    def _gate(self, episodes: list[LiveEpisode]) -> None:
+        """The actor-critic gate, one batched turn: each episode's actor judges the experience
+        it retrieved; reject removes it from the system prompt, refine restates it."""
+        if not episodes:
+            return
+        cfg = self.config
+        prompts = [gate_messages(e.task_prompt(), e.state, e.experience) for e in episodes]
+        generations = self.backend.generate(
+            prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+            top_p=cfg.top_p, seed=self._next_seed())
+        for episode, prompt, generation in zip(episodes, prompts, generations, strict=True):
+            verdict = parse_verdict(generation.text)
+            turn = Turn(prompt_token_ids=generation.prompt_token_ids,
+                        token_ids=generation.token_ids, logprobs=generation.logprobs,
+                        text=generation.text, format_ok=verdict.format_ok,
+                        finish_reason=generation.finish_reason, observation=prompt[-1]["content"])
+            episode.trajectory.gate = GateRecord(verdict.verdict, verdict.critic, turn,
+                                                 verdict.knowledge, verdict.format_ok)
+            if verdict.verdict == "reject":
+                episode.set_experience("")
+            elif verdict.verdict == "refine":
+                episode.set_experience(verdict.knowledge)
+
     def _record(self, episode: LiveEpisode, generation: Generation) -> Turn:
-        parsed = parse_answer(generation.text)
+        query = parse_ask(generation.text, stopped=generation.finish_reason == STOP) \
+            if episode.tools else None
+        parsed = parse_answer(generation.text) if query is None else None
+        format_ok = parsed is None or parsed.format_ok
         turn = Turn(
             prompt_token_ids=generation.prompt_token_ids, token_ids=generation.token_ids,
-            logprobs=generation.logprobs, text=generation.text, action=parsed.action,
-            format_ok=parsed.format_ok, action_valid=parsed.format_ok,
+            logprobs=generation.logprobs, text=generation.text,
+            action=parsed.action if parsed is not None else None,
+            format_ok=format_ok, action_valid=format_ok,
             finish_reason=generation.finish_reason, observation=episode.observation,
         )
         traj = episode.trajectory
         traj.turns.append(turn)
-        traj.steps += 1
         episode.conversation.reply(generation.text)
+        if query is not None:
+            self._record_ask(episode, turn, query)
+            return turn
+        traj.steps += 1
+        assert parsed is not None
         if not parsed.format_ok:
             turn.reward = self.config.format_penalty
             traj.reward += self.config.format_penalty
@@ -339,17 +513,56 @@ class RolloutEngine:
             episode.observe(f"{format_error_message(parsed.error)}\n\n{episode.observation}")
         return turn
 
+    def _record_ask(self, episode: LiveEpisode, turn: Turn, query: str) -> None:
+        """An ask: within the limit it waits for its answer (``_answer``) and does not count
+        toward the step limit; an empty one is an invalid action and one beyond the limit is
+        refused, each a turn that counts."""
+        cfg, traj = self.config, episode.trajectory
+        query = query.strip()
+        if not query:
+            turn.ask = AskRecord("", "empty")
+            turn.action_valid = False
+            traj.steps += 1
+            traj.invalid_actions += 1
+            episode.observe(empty_query_observation(episode.state))
+            return
+        sent = query[: cfg.max_query_chars]  # never sent whole when longer
+        if episode.answered_asks >= cfg.max_asks:
+            turn.ask = AskRecord(sent, "refused", cut=len(sent) < len(query))
+            traj.steps += 1
+            episode.observe(refused_observation(cfg.max_asks, episode.state))
+            return
+        turn.ask = AskRecord(sent, "answered", cut=len(sent) < len(query))
+        episode.answered_asks += 1
+
+    def _answer(self, asking: list[tuple[LiveEpisode, Turn]]) -> None:
+        """Send this turn's asks to the retriever at once (its extractor batches them); each
+        answer becomes its episode's next observation, the env's state unchanged."""
+        if not asking:
+            return
+        k = self.config.experience_k
+
+        def ask(pair: tuple[LiveEpisode, Turn]) -> None:
+            episode, turn = pair
+            assert turn.ask is not None
+            answer = self.retriever.ask(episode.spec.env_id, turn.ask.query, k)
+            turn.ask.answer, turn.ask.generation_id = answer.text, answer.generation_id
+            episode.observe(answer_observation(answer.text, episode.state))
+
+        with ThreadPoolExecutor(max_workers=len(asking)) as pool:
+            for (episode, _), error in zip(asking, pool.map(self._guard(ask), asking), strict=True):
+                if error:
+                    episode.trajectory.error = error
+                    episode.done = True
+
     def _finish(self, index: int, episode: LiveEpisode, results: list[Trajectory | None],
                 on_done: Callable[[Trajectory], None] | None) -> None:
         traj = episode.trajectory
         if not (traj.terminated or traj.truncated or traj.error):
-            # Ended by the engine's turn cap (format failures), which the env's TimeLimit and the
-            # experience wrapper never saw: the outcome still goes to the entries' credit.
-            traj.truncated = True
-            report = getattr(self.retriever, "report_outcome", None)
-            if traj.experience_ids and report is not None:
-                report(list(traj.experience_ids), 1.0 if traj.won else traj.score)
-        traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score)
+            traj.truncated = True  # ended by the engine's turn cap, which the env never saw
+        if not traj.error:
+            self._report_credit(traj)
+        traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score, traj.gate)
         results[index] = traj
         if traj.error:
             episode.env.close()  # an env that raised is not trusted with another episode
@@ -358,12 +571,28 @@ class RolloutEngine:
         if on_done is not None:
             on_done(traj)
 
+    def _report_credit(self, traj: Trajectory) -> None:
+        """The episode's outcome to the extractor's credit: the writers of the entries shown (by
+        the gate's critic score when the gate judged them) and the generations that answered its
+        asks."""
+        score = 1.0 if traj.won else traj.score
+        report = getattr(self.retriever, "report_outcome", None)
+        if traj.experience_ids and report is not None:
+            if traj.gate is None:
+                report(list(traj.experience_ids), score)
+            else:
+                report(list(traj.experience_ids), score, critic=traj.gate.critic)
+        answered = [a.generation_id for a in traj.asks if a.generation_id is not None]
+        if answered:
+            self.retriever.report_ask_outcome(answered, score)
+
     def _take_env(self, env_id: str) -> gym.Env:
         free = self._free_envs.get(env_id)
         if free:
             return free.pop()
         cfg = self.config
-        return make_env(env_id, self.retriever, cfg.experience_k, **cfg.env_kwargs.get(env_id, {}))
+        retriever = _RetrieveOnly(self.retriever) if self.retriever is not None else None
+        return make_env(env_id, retriever, cfg.experience_k, **cfg.env_kwargs.get(env_id, {}))
 
     @staticmethod
     def _guard(func: Callable[[Any], None]) -> Callable[[Any], str]:

@@ -19,6 +19,11 @@ Warm-up, the first ``actor.warmup_steps`` steps, as in the released code: the ac
 and nothing is retrieved while the bank fills. The guided half of each group plays without
 experience (so nothing is credited and the extractor is not trained) and is still distilled.
 
+The released code's switches (``experience.actor_critic_gate``, ``experience.search_and_ask``)
+add actor turns to the guided rollouts of step 2 (the gate's verdict, the asks), trained in step 3
+with their episode's advantage, and extractor generations (the answers) credited like the others
+in step 5; ``gate/*`` and ``ask/*`` metrics log them.
+
 The arm (``co-evolve``, ``static``, ``none``) changes only which of these run.
 """
 
@@ -37,7 +42,13 @@ import numpy as np
 import torch
 
 from crl_harness.config import TrainConfig, config_to_dict
-from crl_harness.experience import DistillationRequest, GenerationReward
+from crl_harness.experience import (
+    CRITIC_SCORES,
+    DistillationRequest,
+    GenerationReward,
+    episode_credit,
+    gated_credit,
+)
 from crl_harness.losses import (
     cispo_loss,
     extractor_advantages,
@@ -67,6 +78,33 @@ def _short(env_id: str) -> str:
 
 def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else float("nan")
+
+
+def _gate_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """The actor-critic gate's verdicts this step: their rates over the gated episodes, the
+    malformed verdicts (counted as accept) and the mean credit given to the entries judged."""
+    gated = [t for t in trajectories if t.gate is not None]
+    m = {f"gate/{verdict}_rate": _mean([float(t.gate.verdict == verdict) for t in gated])
+         for verdict in CRITIC_SCORES}
+    m["gate/episodes"] = len(gated)
+    m["gate/format_failures"] = sum(not t.gate.format_ok for t in gated)
+    m["gate/entry_credit"] = _mean([gated_credit(1.0 if t.won else t.score, t.gate.critic)
+                                    for t in gated if t.experience_ids])
+    return m
+
+
+def _ask_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Search-and-ask this step: asks per guided episode (answered, refused, empty), queries
+    cut, and the mean credit of the extractor generations that answered."""
+    guided = [t for t in trajectories if t.use_experience]
+    asks = [a for t in guided for a in t.asks]
+    m = {"ask/per_episode": _mean([len(t.asks) for t in guided])}
+    for status in ("answered", "refused", "empty"):
+        m[f"ask/{status}"] = sum(a.status == status for a in asks)
+    m["ask/queries_cut"] = sum(a.cut for a in asks)
+    m["ask/answer_credit"] = _mean([episode_credit(1.0 if t.won else t.score)
+                                    for t in guided for a in t.asks if a.generation_id])
+    return m
 
 
 class Trainer:
@@ -230,6 +268,10 @@ class Trainer:
             parts = pack_turns(traj.turns)
             trained += bool(parts)
             packed += bool(parts) and parts[0].packed
+            # The gate's verdict is a chat of its own (not a prefix of the episode's): one more
+            # row, with the episode's advantage, so the actor learns to judge experience too.
+            if traj.gate is not None:
+                parts += pack_turns([traj.gate.turn])
             rows.extend(TrainingRow(p.prompt_ids, p.completion_ids, p.old_logprobs, advantage,
                                     weight, p.completion_mask) for p in parts)
         if trained:
@@ -282,7 +324,7 @@ class Trainer:
 
     def _step_metrics(self, trajectories: list[Trajectory], actor: UpdateStats | None,
                       extractor: UpdateStats | None, times: dict[str, float]) -> dict[str, float]:
-        m: dict[str, float] = {}
+        cfg, m = self.cfg, {}
         won = [float(t.won) for t in trajectories]
         m["success/all"] = _mean(won)
         m["episodes/all"] = len(won)  # with the rates, pooled intervals over runs
@@ -326,6 +368,11 @@ class Trainer:
             m["extractor/buffered"] = self.awaiting_training
             m["experience/retrieved_per_guided"] = _mean(
                 [len(t.experience_ids) for t in trajectories if t.use_experience])
+            if cfg.experience.actor_critic_gate:
+                m.update(_gate_metrics(trajectories))
+            if cfg.experience.search_and_ask:
+                m.update(_ask_metrics(trajectories))
+                m["extractor/ask_format_failures"] = stats["ask_format_failures"]
         m.update(self.counters)
         for key, value in times.items():
             m[f"time/{key}"] = value
@@ -417,6 +464,9 @@ class Trainer:
             top_p=cfg.actor.top_p, history=cfg.actor.history,
             format_penalty=cfg.actor.format_penalty, max_live=cfg.tasks.groups_per_step * cfg.tasks.group_size,
             workers=cfg.run.rollout_workers, experience_k=cfg.experience.k,
+            actor_critic_gate=cfg.experience.actor_critic_gate,
+            search_and_ask=cfg.experience.search_and_ask, max_asks=cfg.experience.max_asks,
+            max_query_chars=cfg.experience.max_query_chars,
             # seed=None: sampling draws from torch's global RNG, which checkpoints carry.
             seed=None, env_kwargs=env_kwargs)
 

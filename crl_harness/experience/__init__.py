@@ -6,9 +6,12 @@ asynchronous Experience Manager (PAPER.md, "Experience bank" and "Asynchronous i
 - ``operations``: the operation types and the strict parser of extractor answers.
 - ``prompts``: the extractor's prompt templates (``assets/prompts/experience_*.txt``).
 - ``credit``: ``CreditLedger`` and ``GenerationReward`` (the extractor's reward by use).
+- ``gate``: the actor-critic gate's verdicts (accept / refine / reject) and their critic scores.
+- ``ask``: search-and-ask, the actor's queries mid-episode and the extractor's answers.
 - ``manager``: ``ExperienceManager``, ``ManagerConfig``, ``DistillationRequest``.
 """
 
+from crl_harness.experience.ask import AskAnswer, AskRecord, parse_ask
 from crl_harness.experience.bank import (
     AddEntry,
     ApplyResult,
@@ -18,7 +21,13 @@ from crl_harness.experience.bank import (
     ExperienceEntry,
     VoteEntry,
 )
-from crl_harness.experience.credit import CreditLedger, GenerationReward, episode_credit
+from crl_harness.experience.credit import (
+    CreditLedger,
+    GenerationReward,
+    episode_credit,
+    gated_credit,
+)
+from crl_harness.experience.gate import CRITIC_SCORES, GateVerdict, parse_verdict
 from crl_harness.experience.manager import (
     DistillationRequest,
     ExperienceManager,
@@ -36,8 +45,9 @@ from crl_harness.experience.prompts import load_prompt
 from crl_harness.experience.retrieval import RetrievalConfig, diversity_rerank, tokenize
 
 __all__ = [
-    "AddEntry", "ApplyResult", "BankError", "DeleteEntries", "ExperienceBank", "ExperienceEntry", "VoteEntry",
-    "CreditLedger", "GenerationReward", "episode_credit",
+    "AddEntry", "ApplyResult", "BankError", "DeleteEntries", "ExperienceBank", "ExperienceEntry",
+    "VoteEntry", "CreditLedger", "GenerationReward", "episode_credit", "gated_credit",
+    "AskAnswer", "AskRecord", "parse_ask", "CRITIC_SCORES", "GateVerdict", "parse_verdict",
     "DistillationRequest", "ExperienceManager", "ManagerConfig", "ReadWriteLock",
     "distill_prompt",
     "ParseLimits", "ParseResult", "parse_distillation", "parse_merge",

@@ -3,8 +3,9 @@ the episodes that used it ended.
 
 Holds ``GenerationReward`` (what the trainer reads) and ``CreditLedger``. A generation's reward is
 the mean, over the episodes that retrieved entries it wrote, of the episode's score, with a score
-of 0 counted as -1 (PAPER.md, "Extractor: CISPO, credited by use"). Its record stays in the ledger
-until the trainer trains on it and ``release``-s it, so every use until then counts.
+of 0 counted as -1 (PAPER.md, "Extractor: CISPO, credited by use"). With the actor-critic gate, the
+entries shown are credited by the actor's verdict instead (``gated_credit``). Its record stays in
+the ledger until the trainer trains on it and ``release``-s it, so every use until then counts.
 """
 
 from __future__ import annotations
@@ -15,12 +16,25 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["GenerationReward", "CreditLedger", "episode_credit"]
+__all__ = ["GenerationReward", "CreditLedger", "episode_credit", "gated_credit", "Kind"]
+
+Kind = Literal["distill", "merge", "ask"]
 
 
 def episode_credit(score: float) -> float:
     """The credit one episode gives: its score, or -1 when the score is 0 (a failure)."""
     return float(score) if score > 0 else -1.0
+
+
+def gated_credit(score: float, critic: float) -> float:
+    """The credit one gated episode gives the entries it was shown (the released code's rule):
+    the critic score when below 1 (refine 0.5, reject -1, whatever the outcome), else (accept)
+    the episode's score + 1.
+
+    >>> gated_credit(1.0, 1.0), gated_credit(0.0, 1.0), gated_credit(1.0, 0.5), gated_credit(1.0, -1.0)
+    (2.0, 1.0, 0.5, -1.0)
+    """
+    return float(critic) if critic < 1 else float(score) + float(critic)
 
 
 @dataclass
@@ -33,14 +47,14 @@ class GenerationReward:
     """What the extractor returned (a model backend's ``Generation`` keeps token ids/logprobs)."""
     reward: float
     n_uses: int
-    kind: Literal["distill", "merge"]
+    kind: Kind
 
 
 @dataclass
 class _Record:
     prompt: str
     output: Any
-    kind: Literal["distill", "merge"]
+    kind: Kind
     total: float = 0.0
     n_uses: int = 0
     fixed_reward: float | None = None
@@ -79,7 +93,7 @@ class CreditLedger:
         self.forgotten = 0
 
     def register(self, generation_id: str, prompt: str, output: Any,
-                 kind: Literal["distill", "merge"], fixed_reward: float | None = None) -> None:
+                 kind: Kind, fixed_reward: float | None = None) -> None:
         """Remember a generation; ``fixed_reward`` makes it readable at once (format failures)."""
         with self._lock:
             self._records[generation_id] = _Record(prompt, output, kind, fixed_reward=fixed_reward)
@@ -90,9 +104,11 @@ class CreditLedger:
                 del self._records[victim]
                 self.forgotten += 1
 
-    def credit(self, generation_ids: Iterable[str | None], score: float) -> int:
-        """Credit each distinct known generation with one episode; returns how many."""
-        value = episode_credit(score)
+    def credit(self, generation_ids: Iterable[str | None], score: float,
+               critic: float | None = None) -> int:
+        """Credit each distinct known generation with one episode (``episode_credit``, or
+        ``gated_credit`` when the actor-critic gate gave a ``critic`` score); returns how many."""
+        value = episode_credit(score) if critic is None else gated_credit(score, critic)
         credited = 0
         with self._lock:
             for generation_id in set(generation_ids):

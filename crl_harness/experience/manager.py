@@ -20,7 +20,10 @@ Holds:
     filtered at once; new ones are searchable after the rebuild);
   - ``flush`` waits until every queued job is applied and indexed (call it before a rollout
     phase); ``report_outcome``, ``generation_rewards`` and ``release_generations`` carry the
-    extractor's credit (a generation's record stays until it is released, i.e. trained).
+    extractor's credit (a generation's record stays until it is released, i.e. trained);
+  - search-and-ask (``ask``): an actor's query mid-episode is answered by the extractor from the
+    entries retrieved for it, in the caller's thread; ``report_ask_outcome`` credits the
+    answering generations with the episode's outcome.
 
 Every public method takes and returns plain data, so the object can later run as a Ray actor.
 """
@@ -43,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from crl_harness.experience.ask import NO_KNOWLEDGE, AskAnswer, answer_prompt, parse_answer_text
 from crl_harness.experience.bank import (
     AddEntry,
     ApplyResult,
@@ -263,7 +267,7 @@ class ExperienceManager:
         self._counters: dict[str, int] = dict.fromkeys(
             ("submitted", "distillations", "merges", "format_failures", "extractor_errors",
              "job_errors", "ops_applied", "retrievals", "retrieval_batches", "outcomes_reported",
-             "index_rebuilds", "index_errors"), 0)
+             "index_rebuilds", "index_errors", "asks", "ask_format_failures"), 0)
         self._counters_lock = threading.Lock()
         # Jobs, pending count and index state share one condition (flush waits on all three).
         self._state = threading.Condition()
@@ -312,8 +316,10 @@ class ExperienceManager:
             self._queries.put(request)
         return future.result()
 
-    def report_outcome(self, entry_ids: Sequence[str], score: float) -> None:
-        """An episode that retrieved ``entry_ids`` ended with ``score``: credit their writers."""
+    def report_outcome(self, entry_ids: Sequence[str], score: float,
+                       critic: float | None = None) -> None:
+        """An episode that retrieved ``entry_ids`` ended with ``score``: credit their writers
+        (by the actor-critic gate's ``critic`` score when the gate judged the entries)."""
         generations = []
         with self._entry_generation_lock:
             for entry_id in entry_ids:
@@ -322,8 +328,42 @@ class ExperienceManager:
                 else:
                     entry = self.bank.get(entry_id)
                     generations.append(entry.generation_id if entry else None)
-        self.ledger.credit(generations, score)
+        self.ledger.credit(generations, score, critic)
         self._count("outcomes_reported")
+
+    # ----------------------------------------------------------------- search-and-ask
+    def ask(self, env_id: str, query: str, k: int = 1) -> AskAnswer:
+        """Answer an actor's query mid-episode: retrieve ``k`` entries of ``env_id``'s partition
+        for it and let the extractor write the answer (registered for credit, kind ``ask``).
+
+        Nothing found: ``NO_KNOWLEDGE`` and no generation. A malformed extractor answer shows
+        the entries themselves (it is trained only with a format penalty, like a malformed
+        distillation); an extractor that raises answers ``NO_KNOWLEDGE``.
+        """
+        self._count("asks")
+        found = self.retrieve(env_id, query, k)
+        if not found:
+            return AskAnswer(NO_KNOWLEDGE)
+        prompt = answer_prompt(env_id, query, _numbered(found))
+        called = self._call_extractor(prompt)
+        if called is None:
+            return AskAnswer(NO_KNOWLEDGE)
+        output, text = called
+        generation_id = uuid.uuid4().hex
+        answer = parse_answer_text(text)
+        if answer is None:
+            self._count("ask_format_failures")
+            if self.config.format_failure_reward is not None:
+                self.ledger.register(generation_id, prompt, output, "ask",
+                                     fixed_reward=self.config.format_failure_reward)
+            return AskAnswer("\n".join(f"- {e.text}" for e in found))
+        self.ledger.register(generation_id, prompt, output, "ask")
+        return AskAnswer(answer, generation_id)
+
+    def report_ask_outcome(self, generation_ids: Sequence[str], score: float) -> None:
+        """The episode whose asks ``generation_ids`` answered ended with ``score``: credit them
+        as any generation whose entries were used (``episode_credit``)."""
+        self.ledger.credit(generation_ids, score)
 
     # ----------------------------------------------------------------- background track
     def submit(self, request: DistillationRequest) -> None:

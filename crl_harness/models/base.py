@@ -10,6 +10,7 @@ Holds:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -75,7 +76,8 @@ class ModelBackend(Protocol):
 
     ``generate`` takes many conversations at once (one batched call per rollout turn) and
     returns one ``Generation`` each, in order. ``seed`` makes sampling repeatable where the
-    backend allows it. ``load_weights`` replaces the weights in place (the trainer calls it
+    backend allows it. ``stop``: strings that end an answer once its text contains one (kept in
+    the answer; e.g. the search-and-ask tool's closing tag), besides the end-of-turn token. ``load_weights`` replaces the weights in place (the trainer calls it
     between steps); backends that cannot raise ``NotImplementedError``. ``count_tokens`` is what
     the prompt builder uses to keep a history within ``max_context``.
     """
@@ -91,6 +93,7 @@ class ModelBackend(Protocol):
         temperature: float,
         top_p: float = 1.0,
         seed: int | None = None,
+        stop: Sequence[str] = (),
     ) -> list[Generation]: ...
 
     def load_weights(self, state_dict: dict[str, Any]) -> None: ...

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,7 @@ class HFBackend:
         temperature: float,
         top_p: float = 1.0,
         seed: int | None = None,
+        stop: Sequence[str] = (),
     ) -> list[Generation]:
         return self.generate_from_ids(
             [encode_chat(self.tokenizer, messages) for messages in prompts],
@@ -196,6 +198,7 @@ class HFBackend:
             temperature=temperature,
             top_p=top_p,
             seed=seed,
+            stop=stop,
         )
 
     def generate_from_ids(
@@ -206,6 +209,7 @@ class HFBackend:
         temperature: float,
         top_p: float = 1.0,
         seed: int | None = None,
+        stop: Sequence[str] = (),
     ) -> list[Generation]:
         """``generate`` for prompts that are already token ids."""
         import torch
@@ -233,7 +237,8 @@ class HFBackend:
                 prompts = [prompt_ids[i] for i in indices]
                 if self.prefix_store is not None:
                     self._share_prefixes(prompts)
-                generations = self._decode(prompts, max_new_tokens, temperature, top_p, generator)
+                generations = self._decode(prompts, max_new_tokens, temperature, top_p, generator,
+                                           stop=tuple(stop))
                 for index, generation in zip(indices, generations, strict=True):
                     results[index] = generation
         return results  # type: ignore[return-value]
@@ -307,8 +312,17 @@ class HFBackend:
             self._decode(prefixes, 0, 1.0, 1.0, None, shared=True)
 
     # ----------------------------------------------------------------- decoding
+    def _ends_with_stop(self, tokens: list[int], stop: tuple[str, ...]) -> bool:
+        """Whether the answer's text now contains a stop string. Only the tail is decoded: a stop
+        string first appears with the latest token, within its length in tokens (each token
+        writes at least one character; the margin covers tokens that write none)."""
+        window = max(len(s) for s in stop) + 8
+        tail = self.tokenizer.decode(tokens[-window:], skip_special_tokens=True)
+        return any(s in tail for s in stop)
+
     def _decode(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                top_p: float, generator: Any, shared: bool = False) -> list[Generation]:
+                top_p: float, generator: Any, shared: bool = False,
+                stop: tuple[str, ...] = ()) -> list[Generation]:
         """Prefill what is not stored yet, then sample up to ``max_new_tokens`` per prompt.
 
         The batch cache is one slab: row r holds its reused prefix right-aligned in columns
@@ -378,7 +392,7 @@ class HFBackend:
                     index = live[row]
                     tokens[index].append(token)
                     logprobs[index].append(logp)
-                    if token in self.stop_ids:
+                    if token in self.stop_ids or (stop and self._ends_with_stop(tokens[index], stop)):
                         finish[index] = STOP
                     else:
                         keep.append(row)

@@ -18,6 +18,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,7 +60,8 @@ class OpenAIBackend:
         return sum(len(m["content"]) + 16 for m in messages) // 4
 
     def generate(self, prompts: list[list[Message]], *, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
+                 top_p: float = 1.0, seed: int | None = None,
+                 stop: Sequence[str] = ()) -> list[Generation]:
         def one(item: tuple[int, list[Message]]) -> Generation:
             index, messages = item
             body: dict[str, Any] = {
@@ -68,6 +70,8 @@ class OpenAIBackend:
             }
             if seed is not None:
                 body["seed"] = seed + index
+            if stop:  # the server leaves the matched stop string out of the text
+                body["stop"] = list(stop)
             if self.token_ids:
                 body["return_tokens_as_token_ids"] = True
                 body["return_token_ids"] = True

@@ -11,6 +11,7 @@ engine (the engine runs in this process for that) and clears the prefix cache, s
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,8 @@ class VLLMBackend:
         return len(encode_chat(self.tokenizer, messages))
 
     def generate(self, prompts: list[list[Message]], *, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
+                 top_p: float = 1.0, seed: int | None = None,
+                 stop: Sequence[str] = ()) -> list[Generation]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -80,6 +82,7 @@ class VLLMBackend:
         params = [
             SamplingParams(max_tokens=max_new_tokens, temperature=max(temperature, 0.0),
                            top_p=top_p, logprobs=0, stop_token_ids=sorted(self.stop_ids),
+                           stop=list(stop) or None, include_stop_str_in_output=True,
                            seed=None if seed is None else seed + index)
             for index in range(len(prompts))
         ]

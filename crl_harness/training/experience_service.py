@@ -19,6 +19,7 @@ from typing import Any
 
 from crl_harness.config import ExperienceConfig
 from crl_harness.experience import (
+    AskAnswer,
     DistillationRequest,
     ExperienceBank,
     ExperienceManager,
@@ -131,8 +132,15 @@ class ExperienceService:
     def retrieve(self, env_id: str, query: str, k: int = 1) -> list:
         return self.manager.retrieve(env_id, query, k)
 
-    def report_outcome(self, entry_ids: list[str], score: float) -> None:
-        self.manager.report_outcome(entry_ids, score)
+    def report_outcome(self, entry_ids: list[str], score: float,
+                       critic: float | None = None) -> None:
+        self.manager.report_outcome(entry_ids, score, critic)
+
+    def ask(self, env_id: str, query: str, k: int = 1) -> AskAnswer:
+        return self.manager.ask(env_id, query, k)
+
+    def report_ask_outcome(self, generation_ids: list[str], score: float) -> None:
+        self.manager.report_ask_outcome(generation_ids, score)
 
     def submit(self, requests: list[DistillationRequest]) -> None:
         for request in requests:

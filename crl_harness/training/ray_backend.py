@@ -48,10 +48,21 @@ class RemoteRetriever:
 
         return ray.get(self.service.retrieve.remote(env_id, query, k))
 
-    def report_outcome(self, entry_ids: list[str], score: float) -> None:
+    def report_outcome(self, entry_ids: list[str], score: float,
+                       critic: float | None = None) -> None:
         import ray
 
-        ray.get(self.service.report_outcome.remote(list(entry_ids), score))
+        ray.get(self.service.report_outcome.remote(list(entry_ids), score, critic))
+
+    def ask(self, env_id: str, query: str, k: int = 1) -> Any:
+        import ray
+
+        return ray.get(self.service.ask.remote(env_id, query, k))
+
+    def report_ask_outcome(self, generation_ids: list[str], score: float) -> None:
+        import ray
+
+        ray.get(self.service.report_ask_outcome.remote(list(generation_ids), score))
 
 
 class RolloutWorker:
