@@ -1,6 +1,9 @@
-"""Shared fixtures: data-dependent tests skip with the fetch command when the data is absent."""
+"""Shared fixtures: data-dependent tests skip with the fetch command when the data is absent;
+``gpu`` tests skip with the reason where torch sees no CUDA device; ``alternating_rewards``."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -18,3 +21,37 @@ def require_data(name: str, *files: str):
 @pytest.fixture
 def data_dir():
     return require_data
+
+
+def _no_cuda_reason() -> str | None:
+    """Why the ``gpu`` tests cannot run here, or None where they can."""
+    try:
+        import torch
+    except ImportError:
+        return "needs a CUDA device: torch is not installed (pip install 'crl-gym[train]')"
+    if not torch.cuda.is_available():
+        build = "a CPU-only torch build" if torch.version.cuda is None else "no visible GPU"
+        return f"needs a CUDA device: torch.cuda.is_available() is False ({build})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu = [item for item in items if "gpu" in item.keywords]
+    reason = _no_cuda_reason() if gpu else None
+    if reason is not None:
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def alternating_rewards():
+    """Makes a ``Trainer``'s rollouts return rewards 1, 0, 1, 0, ... in order, so every GRPO
+    group has reward variance whatever the device's random stream sampled."""
+    def patch(trainer) -> None:
+        run = trainer.rollouts.run
+
+        def run_with_rewards(specs):
+            return [dataclasses.replace(t, reward=float(i % 2)) for i, t in enumerate(run(specs))]
+
+        trainer.rollouts.run = run_with_rewards
+    return patch

@@ -32,18 +32,23 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def backend(tiny_dir):
-    return HFBackend(tiny_dir)
+    # fp32 on whatever device "auto" picks: the exact-log-prob checks below hold in fp32 (bf16,
+    # the CUDA default, is checked against an fp32 recomputation in test_device.py)
+    return HFBackend(tiny_dir, dtype="float32")
 
 
 def recomputed_logprobs(backend: HFBackend, g: Generation, temperature: float) -> list[float]:
-    """Teacher-forced log-probs of the generated tokens, one unpadded sequence at a time."""
-    ids = torch.tensor([g.prompt_token_ids + g.token_ids])
+    """Teacher-forced log-probs of the generated tokens, one unpadded sequence at a time, on the
+    backend's device."""
+    device = backend.model.device
+    ids = torch.tensor([g.prompt_token_ids + g.token_ids], device=device)
     with torch.no_grad():
         logits = backend.model(input_ids=ids).logits[0, len(g.prompt_token_ids) - 1:-1].float()
     if temperature > 0:
         logits = logits / temperature
     logps = torch.log_softmax(logits, dim=-1)
-    return logps.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0].tolist()
+    targets = torch.tensor(g.token_ids, device=device)
+    return logps.gather(-1, targets[:, None])[:, 0].tolist()
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.3])
@@ -77,7 +82,7 @@ def test_same_seed_same_tokens_and_batch_equals_single(backend):
 
 def test_stops_with_pad_equal_to_eos_and_truncation(tiny_dir):
     """Rows stop at different steps while the pad id is itself a stop id; others hit the cap."""
-    backend = HFBackend(tiny_dir, max_batch_size=2)
+    backend = HFBackend(tiny_dir, dtype="float32", max_batch_size=2)
     vocab = backend.model.config.vocab_size
     stop = set(range(0, vocab, 9))  # about one token in nine ends an answer
     backend.stop_ids = stop

@@ -14,25 +14,50 @@ Holds:
 Why bm25s and not rank-bm25: on 20,000 entries rank-bm25 scores a query in Python loops (about
 300 ms here); bm25s scores it from a sparse matrix (about 0.3 ms); ``benchmarks/experience_bench.py``
 prints both.
+
+Why bm25s is imported with JAX hidden: where JAX is installed, ``import bm25s`` imports it and runs
+one ``jax.lax.top_k`` to pick its top-k backend, which starts a JAX client on the GPU and
+preallocates 75% of its memory in every process (a trainer, each pytest worker). This module
+scores with bm25s and ranks with NumPy (``_top``), so it never needs JAX; the user's own
+``import jax`` afterwards is untouched.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import random
 import re
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import bm25s
 import numpy as np
 import Stemmer
-from bm25s.stopwords import STOPWORDS_EN
 
 from crl_harness.experience.bank import ExperienceEntry
+
+
+def _import_bm25s_without_jax():
+    """``import bm25s`` with every ``jax`` module hidden, so that its top-k backend is NumPy and no
+    JAX client (nor GPU memory) is taken; JAX modules already imported are put back after."""
+    hidden = {name: module for name, module in sys.modules.items()
+              if name == "jax" or name.startswith("jax.")}
+    for name in hidden:
+        del sys.modules[name]
+    sys.modules["jax"] = None  # type: ignore[assignment]  # makes `import jax...` an ImportError
+    try:
+        return importlib.import_module("bm25s")
+    finally:
+        del sys.modules["jax"]
+        sys.modules.update(hidden)
+
+
+bm25s = _import_bm25s_without_jax()
+STOPWORDS_EN = bm25s.stopwords.STOPWORDS_EN
 
 __all__ = [
     "RetrievalConfig", "tokenize", "BM25Index", "DenseIndex", "Embedder", "diversity_rerank",

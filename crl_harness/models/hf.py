@@ -43,6 +43,21 @@ def _import_torch_transformers():
     return torch, transformers
 
 
+def _resolve_device(torch: Any, device: str) -> str:
+    """``auto``: CUDA where torch sees a device, else the CPU. A CUDA device asked for where none
+    is gets one clear error here, instead of torch's from deep inside the first ``.to``."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        why = ("this torch is a CPU-only build" if torch.version.cuda is None
+               else f"this torch (CUDA {torch.version.cuda}) finds no usable GPU or driver")
+        raise BackendUnavailableError(
+            f"device={device!r} was asked for, but {why}. Install the CUDA build of torch (README, "
+            "'On a GPU machine'), check nvidia-smi and CUDA_VISIBLE_DEVICES, or pass "
+            "device='cpu' (or 'auto', which picks the CPU here).")
+    return device
+
+
 def sample_next_token(logits: Any, temperature: float, top_p: float, generator: Any = None):
     """Sample one token per row of ``logits`` and return ``(token_ids, logprobs)``.
 
@@ -121,8 +136,7 @@ class HFBackend:
         kv_cache_tokens: int = 65_536,
     ) -> None:
         torch, transformers = _import_torch_transformers()
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = _resolve_device(torch, device)
         if dtype == "auto":
             dtype = "bfloat16" if device.startswith("cuda") else "float32"
         path = str(path)

@@ -48,7 +48,7 @@ class KVLayout:
                    head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads)
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
-        return self.layers * 2 * self.kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
+        return self.layers * 2 * self.kv_heads * self.head_dim * dtype.itemsize
 
 
 @dataclass(eq=False)  # identity, not array equality, decides which entry is which

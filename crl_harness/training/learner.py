@@ -197,9 +197,9 @@ class PolicyLearner:
                 batch = order[start : start + self.micro_batch_size]
                 logprobs, mask = self.token_logprobs(batch)
                 K = logprobs.shape[1]
-                sampler = torch.zeros_like(logprobs)
-                for i, r in enumerate(batch):
-                    sampler[i, K - len(r.old_logprobs):] = torch.tensor(r.old_logprobs)
+                # Right-aligned like the log-probs, built in one host-to-device copy.
+                sampler = torch.tensor([[0.0] * (K - len(r.old_logprobs)) + list(r.old_logprobs)
+                                        for r in batch], dtype=logprobs.dtype, device=self.device)
                 # Untrained positions get the learner's own values: ratio 1 and gap 0 there, so
                 # whatever a row put in them (0.0 for a packed row's observations) never reaches
                 # the loss as an inf or a NaN.
