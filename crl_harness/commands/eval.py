@@ -1,7 +1,8 @@
 """``crl eval``: benchmark an agent on CRL envs and write a table, a JSON report and a chart.
 
 Example: ``crl eval --agent scripted --envs all --episodes 20`` or
-``crl eval --agent hf:smollm2-135m --envs CRL/MiniHackRoom-v0 --episodes 8``.
+``crl eval --agent hf:smollm2-135m --envs CRL/MiniHackRoom-v0 --episodes 8
+--env-kwargs variant=dark max_episode_steps=6``.
 Writes into ``--out`` (default ``runs/eval-TIMESTAMP``): ``results.jsonl`` (one attempt a line,
 appended as episodes finish; the input of ``crl swe filter``), ``report.json`` and
 ``success.png``.
@@ -10,8 +11,11 @@ appended as episodes finish; the input of ``crl swe filter``), ``report.json`` a
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from crl_envs.errors import UserFacingError
 from crl_harness.commands.checks import AGENT_SPECS, check_agent, check_range, output_dir
@@ -45,27 +49,100 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(least recently used evicted; SmolLM2-135M: 46 KB a token)")
     parser.add_argument("--no-kv-reuse", action="store_true",
                         help="hf agents: prefill every prompt in full (the slow path, to compare)")
-    parser.add_argument("--env-kwargs", default=None, metavar="JSON",
-                        help='keyword arguments for gym.make of every env, e.g. '
-                             '\'{"variant": "dark", "max_episode_steps": 6}\'')
+    parser.add_argument("--env-kwargs", nargs="+", default=None, metavar="KEY=VALUE",
+                        help="keyword arguments for gym.make of every env: KEY=VALUE pairs, a "
+                             "value read as JSON where it parses (6, 0.5, true, null, [1, 2]) and "
+                             "as a string otherwise, e.g. variant=dark max_episode_steps=6; or "
+                             "one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def parse_env_kwargs(text: str | None) -> dict:
-    """``--env-kwargs``: a JSON object of at most 4 KB, or a clear error."""
-    if not text:
+MAX_ENV_KWARGS_CHARS = 4096
+"""bound on the text of ``--env-kwargs`` (all its words together)"""
+
+
+def parse_env_kwargs(items: Sequence[str] | None) -> dict[str, Any]:
+    """``--env-kwargs``: ``KEY=VALUE`` words (typed, see ``_typed``) or one JSON object, at most
+    4 KB in all, or a clear error.
+
+    >>> parse_env_kwargs(["variant=dark", "max_episode_steps=6", 'reward_mode="score"'])
+    {'variant': 'dark', 'max_episode_steps': 6, 'reward_mode': 'score'}
+    >>> parse_env_kwargs(['{"variant": "dark"}'])
+    {'variant': 'dark'}
+    """
+    if not items:
         return {}
-    if len(text) > 4096:
-        raise UserFacingError(f"--env-kwargs is {len(text)} characters; at most 4096.")
+    size = sum(len(item) + 1 for item in items) - 1
+    if size > MAX_ENV_KWARGS_CHARS:
+        raise UserFacingError(f"--env-kwargs is {size} characters; at most "
+                              f"{MAX_ENV_KWARGS_CHARS}.")
+    if len(items) == 1 and items[0].lstrip()[:1] in ("{", "["):
+        return _json_object(items[0])
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key.isidentifier():
+            raise UserFacingError(f"--env-kwargs: {item[:80]!r} is not KEY=VALUE (e.g. "
+                                  "variant=dark max_episode_steps=6) nor one JSON object.")
+        if key in kwargs:
+            raise UserFacingError(f"--env-kwargs: {key!r} is given twice.")
+        kwargs[key] = _typed(value)
+    return kwargs
+
+
+def _typed(value: str) -> Any:
+    """A ``KEY=VALUE`` value as JSON where it parses (numbers, true/false, null, lists, quoted
+    strings), else the text itself, so that ``variant=dark`` needs no quotes."""
+    try:
+        return json.loads(value)
+    except (json.JSONDecodeError, RecursionError):
+        return value
+
+
+def _json_object(text: str) -> dict[str, Any]:
     try:
         kwargs = json.loads(text)
     except json.JSONDecodeError as err:
         raise UserFacingError(f"--env-kwargs is not valid JSON ({err}); e.g. "
-                              '\'{"variant": "dark"}\'') from err
+                              '\'{"variant": "dark"}\' or variant=dark') from err
+    except RecursionError as err:  # "[[[[..." within the size bound
+        raise UserFacingError("--env-kwargs nests too deeply to be keyword arguments.") from err
     if not isinstance(kwargs, dict):
         raise UserFacingError(f"--env-kwargs must be a JSON object of keyword arguments, got "
                               f"{type(kwargs).__name__}.")
     return kwargs
+
+
+def env_keywords(env_id: str) -> set[str] | None:
+    """The keyword arguments ``gym.make(env_id, ...)`` accepts: its env's constructor's and
+    ``max_episode_steps``; None when the constructor takes ``**kwargs`` (anything goes)."""
+    import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
+
+    entry_point = gym.spec(env_id).entry_point
+    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    parameters = inspect.signature(creator).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return named | {"max_episode_steps"}
+
+
+def check_env_kwargs(env_ids: Sequence[str], kwargs: dict[str, Any]) -> None:
+    """Every key is one the env takes, and the env builds with them, before any model loads."""
+    import gymnasium as gym
+
+    for env_id in env_ids:
+        known = env_keywords(env_id)
+        unknown = sorted(set(kwargs) - known) if known is not None else []
+        if unknown:
+            raise UserFacingError(f"--env-kwargs: {env_id} takes no argument "
+                                  f"{', '.join(map(repr, unknown))}; it takes: "
+                                  f"{', '.join(sorted(known or ()))}.")
+        try:
+            gym.make(env_id, **kwargs).close()
+        except (TypeError, ValueError) as err:
+            raise UserFacingError(f"--env-kwargs do not fit {env_id}: {err}") from err
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -118,13 +195,7 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds, args.episodes)
     env_kwargs = parse_env_kwargs(args.env_kwargs)
     if env_kwargs:
-        import gymnasium as gym
-
-        for env_id in env_ids:  # a bad keyword is one clear error, before any model loads
-            try:
-                gym.make(env_id, **env_kwargs).close()
-            except TypeError as err:
-                raise UserFacingError(f"--env-kwargs do not fit {env_id}: {err}") from err
+        check_env_kwargs(env_ids, env_kwargs)
 
     retriever = None
     if args.experience:
@@ -144,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
 
         backend = load_backend(args.agent, kv_reuse=not args.no_kv_reuse,
                                kv_cache_tokens=args.kv_cache_tokens)
+        dtype = str(backend.model.dtype).removeprefix("torch.")
+        console.print(f"model on {backend.device} ({dtype}; CUDA when torch sees a GPU)")
     rollout = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, history=args.history, max_live=args.max_live,
                             workers=args.workers, experience_k=args.experience_k, seed=args.seed,
