@@ -1,5 +1,5 @@
-"""Shared fixtures: data-dependent tests skip with the fetch command when the data is absent;
-``gpu`` tests skip with the reason where torch sees no CUDA device; ``alternating_rewards``."""
+"""Shared fixtures: data-dependent tests skip with the fetch command when the data is absent,
+tests of an optional extra with the pip command when it is not installed; ``gpu`` tests skip with the reason where torch sees no CUDA device; ``alternating_rewards``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,21 @@ def require_data(name: str, *files: str):
 @pytest.fixture
 def data_dir():
     return require_data
+
+
+EXTRAS = {"nltk": "webshop", "regex": "webshop", "spacy": "webshop", "alfworld": "alfworld",
+          "textworld": "alfworld", "swebench": "swebench", "docker": "swebench",
+          "unidiff": "swebench"}
+"""top-level modules of the optional extras, and the extra that installs each"""
+
+
+def skip_without_extra(err: ImportError, what: str) -> None:
+    """Skip ``what`` when ``err`` is a missing optional extra (a GPU image carries only some);
+    re-raise any other import error, which is a bug."""
+    module = (err.name or "").split(".")[0]
+    if module not in EXTRAS:
+        raise err
+    pytest.skip(f"{what}: {module} is not installed (pip install 'crl-gym[{EXTRAS[module]}]')")
 
 
 def _no_cuda_reason() -> str | None:

@@ -12,6 +12,7 @@ import warnings
 
 import gymnasium as gym
 import pytest
+from conftest import skip_without_extra
 from gymnasium.utils.env_checker import check_env
 
 import crl_envs
@@ -28,12 +29,15 @@ def _params(ids):
 
 
 def make_or_skip(env_id: str) -> gym.Env:
-    """Make and reset ``env_id``; skip only when the machine lacks its data or a Docker daemon."""
+    """Make and reset ``env_id``; skip only when the machine lacks its data, a Docker daemon or
+    the env's optional extra."""
     try:
         env = gym.make(env_id)
         env.reset(seed=0)
     except UserFacingError as err:
         pytest.skip(f"{env_id}: {err}")
+    except ImportError as err:
+        skip_without_extra(err, env_id)
     return env
 
 
@@ -147,5 +151,7 @@ def test_render_ansi_returns_the_observation(env_id):
         obs, _ = env.reset(seed=3)
     except UserFacingError as err:
         pytest.skip(f"{env_id}: {err}")
+    except ImportError as err:
+        skip_without_extra(err, env_id)
     assert env.render() == obs
     env.close()

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 from conftest import require_data
 
-from crl_envs.webshop.search import LuceneBM25, analyze, length_to_norm, norm_to_length, tokenize
+for _module in ("nltk", "regex"):  # the webshop extra
+    pytest.importorskip(_module, reason="the webshop extra: pip install 'crl-gym[webshop]'")
+
+from crl_envs.webshop.search import (  # noqa: E402
+    LuceneBM25,
+    analyze,
+    length_to_norm,
+    norm_to_length,
+    tokenize,
+)
 
 
 def test_tokenizer_follows_uax29_like_lucene():
