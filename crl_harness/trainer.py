@@ -414,16 +414,20 @@ class Trainer:
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
         state = json.loads((checkpoint / "state.json").read_text())
-        actor = torch.load(checkpoint / "actor.pt", weights_only=False)
+        # Loaded to the CPU: a run checkpointed on a GPU resumes anywhere; the learners copy
+        # weights and AdamW's state onto their parameters' device.
+        actor = torch.load(checkpoint / "actor.pt", map_location="cpu", weights_only=False)
         self.actor.load_trainable_state_dict(actor["model"])
         self.actor.load_optimizer_state(actor)
         if self.extractor is not None:
-            extractor = torch.load(checkpoint / "extractor.pt", weights_only=False)
+            extractor = torch.load(checkpoint / "extractor.pt", map_location="cpu",
+                                   weights_only=False)
             self.extractor.load_trainable_state_dict(extractor["model"])
             self.extractor.load_optimizer_state(extractor)
         if self.experience is not None:
             self.experience.import_ledger(checkpoint)
-        trainer_state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+        trainer_state = torch.load(checkpoint / "trainer_state.pt", map_location="cpu",
+                                   weights_only=False)
         self.awaiting_training = int(trainer_state.get("awaiting_training", 0))
         set_rng_state(trainer_state["rng"])
         self.counters.update(state["counters"])
