@@ -24,11 +24,15 @@ def tiny_dir(tmp_path_factory):
 
 
 def teacher_forced(backend: HFBackend, g: Generation, temperature: float = 1.0) -> list[float]:
-    ids = torch.tensor([g.prompt_token_ids + g.token_ids])
+    """One full forward pass on the backend's device (the backends here are fp32, where reuse
+    must be exact; bf16 is checked in test_device.py)."""
+    device = backend.model.device
+    ids = torch.tensor([g.prompt_token_ids + g.token_ids], device=device)
     with torch.no_grad():
         logits = backend.model(input_ids=ids).logits[0, len(g.prompt_token_ids) - 1:-1].float()
     logps = torch.log_softmax(logits / temperature, dim=-1)
-    return logps.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0].tolist()
+    targets = torch.tensor(g.token_ids, device=device)
+    return logps.gather(-1, targets[:, None])[:, 0].tolist()
 
 
 def play_turns(backend: HFBackend, episodes: int, turns: int, seed: int = 0) -> list[Generation]:
@@ -47,7 +51,7 @@ def play_turns(backend: HFBackend, episodes: int, turns: int, seed: int = 0) -> 
 
 
 def test_reuse_logprobs_equal_teacher_forced_across_turns(tiny_dir):
-    backend = HFBackend(tiny_dir)
+    backend = HFBackend(tiny_dir, dtype="float32")
     generations = play_turns(backend, episodes=6, turns=3)
     for g in generations:
         assert g.logprobs == pytest.approx(teacher_forced(backend, g), abs=1e-4)
@@ -55,7 +59,7 @@ def test_reuse_logprobs_equal_teacher_forced_across_turns(tiny_dir):
 
 
 def test_reuse_prefills_only_the_new_tokens_of_a_growing_chat(tiny_dir):
-    backend = HFBackend(tiny_dir)
+    backend = HFBackend(tiny_dir, dtype="float32")
     chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "start"}]
     [g] = backend.generate([chat], max_new_tokens=6, temperature=1.0, seed=0)
     before = dict(backend.cache_stats)
@@ -73,7 +77,7 @@ def test_reuse_prefills_only_the_new_tokens_of_a_growing_chat(tiny_dir):
 
 
 def test_shared_prefix_of_a_batch_is_computed_once(tiny_dir):
-    backend = HFBackend(tiny_dir)
+    backend = HFBackend(tiny_dir, dtype="float32")
     chats = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"obs {i}"}]
              for i in range(8)]
     generations = backend.generate(chats, max_new_tokens=4, temperature=1.0, seed=0)
@@ -85,7 +89,7 @@ def test_shared_prefix_of_a_batch_is_computed_once(tiny_dir):
 
 
 def test_eviction_under_a_small_cap_keeps_logprobs_exact(tiny_dir):
-    backend = HFBackend(tiny_dir, kv_cache_tokens=400)
+    backend = HFBackend(tiny_dir, dtype="float32", kv_cache_tokens=400)
     generations = play_turns(backend, episodes=6, turns=3, seed=5)
     assert backend.prefix_store.tokens <= 400
     assert backend.prefix_store.evictions > 0
@@ -94,7 +98,7 @@ def test_eviction_under_a_small_cap_keeps_logprobs_exact(tiny_dir):
 
 
 def test_weight_update_drops_the_cache_and_logprobs_follow_the_new_weights(tiny_dir):
-    backend = HFBackend(tiny_dir)
+    backend = HFBackend(tiny_dir, dtype="float32")
     play_turns(backend, episodes=2, turns=1)
     assert len(backend.prefix_store) > 0
     with torch.no_grad():  # an optimiser step changes parameters in place
@@ -108,7 +112,7 @@ def test_weight_update_drops_the_cache_and_logprobs_follow_the_new_weights(tiny_
 
 
 def test_without_reuse_every_prompt_is_prefilled_in_full(tiny_dir):
-    backend = HFBackend(tiny_dir, kv_reuse=False)
+    backend = HFBackend(tiny_dir, dtype="float32", kv_reuse=False)
     generations = play_turns(backend, episodes=3, turns=2)
     assert backend.prefix_store is None
     assert backend.cache_stats["reused_tokens"] == 0
@@ -118,7 +122,7 @@ def test_without_reuse_every_prompt_is_prefilled_in_full(tiny_dir):
 
 
 def test_rollout_engine_with_reuse_matches_teacher_forcing(tiny_dir):
-    backend = HFBackend(tiny_dir)
+    backend = HFBackend(tiny_dir, dtype="float32")
     engine = RolloutEngine(backend, max_new_tokens=8, seed=0, history=None,
                            env_kwargs={"CRL/Sokoban-v0": {"max_episode_steps": 3}})
     trajectories = engine.run([EpisodeSpec("CRL/Sokoban-v0", seed=s % 2) for s in range(4)])
@@ -132,10 +136,10 @@ def test_rollout_engine_with_reuse_matches_teacher_forcing(tiny_dir):
 
 def test_hardening_bad_cache_settings_and_overlong_prompts(tiny_dir):
     with pytest.raises(ValueError, match="kv_cache_tokens"):
-        HFBackend(tiny_dir, kv_cache_tokens=0)
+        HFBackend(tiny_dir, dtype="float32", kv_cache_tokens=0)
     with pytest.raises(ValueError, match="max_tokens"):
         PrefixStore(0)
-    backend = HFBackend(tiny_dir, max_context=64)
+    backend = HFBackend(tiny_dir, dtype="float32", max_context=64)
     assert backend.generate_from_ids([], max_new_tokens=4, temperature=1.0) == []
     with pytest.raises(ValueError, match="at least one token"):
         backend.generate_from_ids([[5, 6], []], max_new_tokens=4, temperature=1.0)
