@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         backend = load_backend(args.agent, kv_reuse=not args.no_kv_reuse,
                                kv_cache_tokens=args.kv_cache_tokens)
         dtype = str(backend.model.dtype).removeprefix("torch.")
-        console.print(f"model on {backend.device} ({dtype}; CUDA when torch sees a GPU)")
+        console.print(f"model on {backend.device} ({dtype})")
     rollout = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, history=args.history, max_live=args.max_live,
                             workers=args.workers, experience_k=args.experience_k, seed=args.seed,

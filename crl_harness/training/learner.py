@@ -148,6 +148,8 @@ class PolicyLearner:
         width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
         K = max(len(r.completion_ids) for r in rows)
         pad = 0
+        # Padded on the host (element writes are cheap there), then copied to the model's device
+        # once; the trained columns are found on the host too, without a device sync.
         input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
         mask = torch.zeros((len(rows), K), dtype=torch.float32)
