@@ -52,6 +52,7 @@ FAKE_JAX = {
 
 RETRIEVE = textwrap.dedent("""
     import sys
+    import crl_harness.cli, crl_harness.trainer, crl_harness.models.hf  # everything a run imports
     from crl_harness.experience import ExperienceBank, ExperienceManager
     from crl_harness.experience.retrieval import BM25Index
 
@@ -68,7 +69,8 @@ RETRIEVE = textwrap.dedent("""
 
 def test_bm25_retrieval_never_imports_jax(tmp_path):
     """bm25s imports JAX (and runs a top-k on it, starting a GPU client) when it can: a fake
-    ``jax`` first on the path records any import; retrieval must leave it alone."""
+    ``jax`` first on the path records any import; importing the harness and retrieving must leave
+    it alone."""
     fake = tmp_path / "site" / "jax"
     fake.mkdir(parents=True)
     for name, text in FAKE_JAX.items():
