@@ -3,22 +3,24 @@
     .venv/bin/python benchmarks/tip_pilot.py                 # cpu-demo, 16 held-out levels
     .venv/bin/python benchmarks/tip_pilot.py --episodes 8 --agent hf:RUN/checkpoints/.../actor_hf
 
-On the config's first env and held-out levels (``tasks.heldout_offset``), it writes two hand-made
-banks: ``correct`` holds, per level, the route an earlier unhurried oracle attempt at that level
-found ("Winning moves from x=.., y=..: from the start, play ..."), the entry the warm start teaches
-the actor to follow; ``wrong`` holds the same entries with every move reversed. It checks that
-retrieval by each level's first observation returns that level's entry, then runs ``crl eval``
-three times on the same levels (no bank, ``--experience correct``, ``--experience wrong``) and
-prints success with 95% Wilson intervals and the differences in points.
+On the config's first env and held-out levels (``tasks.heldout_offset``) it hand-makes, per level,
+the entry the warm start teaches the actor to follow: the route an earlier unhurried oracle attempt
+at that level found ("Winning moves from x=.., y=..: from the start, play ..."), and a wrong one,
+the same entry with every move reversed. It plays the same levels three times with one loaded
+model (greedy, the rollout engine of ``crl eval``): no entry, the level's correct entry, its wrong
+entry, and prints success with 95% Wilson intervals and the differences in points.
+
+Each episode is handed its own level's entry (a retriever keyed by the level's first
+observation), not a BM25 search over all of them: in a dark room many levels start on the same
+cell with the stairs out of sight, so no retrieval can tell them apart from the first
+observation, and a search would measure that, not the actor. Levels whose first observation
+another level shares are left out (the count is printed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,77 +29,56 @@ OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east",
             "northwest": "southeast", "southeast": "northwest"}
 
 
-def build_banks(cfg, seeds: list[int], out: Path) -> tuple[Path, Path, int]:
-    """Write ``correct.sqlite`` and ``wrong.sqlite``; returns their paths and how many levels
-    retrieve their own entry first."""
-    import gymnasium as gym
-    from transformers import AutoTokenizer
+class LevelEntries:
+    """A retriever that hands an episode the entry written for its level (by first observation)."""
 
-    from crl_harness.experience import ExperienceBank, ExperienceManager
-    from crl_harness.models.registry import resolve_model_path
+    def __init__(self, entries: dict[str, object]) -> None:
+        self.entries = entries  # first observation -> ExperienceEntry
+
+    def retrieve(self, env_id: str, query: str, k: int) -> list:
+        first_observation = query.split("\n", 1)[1] if "\n" in query else query
+        entry = self.entries.get(first_observation)
+        return [entry][:k] if entry is not None else []
+
+
+def level_entries(cfg, seeds: list[int], tokenizer) -> tuple[list[int], dict, dict]:
+    """The levels with a first observation of their own and a route the oracle found; their
+    correct and wrong entries keyed by that observation."""
     from crl_harness.warmstart.data import earlier_route, route_advice
 
     env = cfg.tasks.envs[0]
-    # Only the route matters here; the oracle's prompts are rendered with the base's tokenizer.
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.warmstart.model.removeprefix("hf:")))
-    paths = {name: out / f"{name}.sqlite" for name in ("correct", "wrong")}
-    for path in paths.values():
-        path.unlink(missing_ok=True)
-    banks = {name: ExperienceBank(path) for name, path in paths.items()}
-    starts = {}
+    found = {}
     for seed in seeds:
-        found = earlier_route(env.id, seed, tokenizer=tokenizer, max_context=2048,
+        route = earlier_route(env.id, seed, tokenizer=tokenizer, max_context=2048,
                               max_new_tokens=cfg.actor.max_new_tokens, history=cfg.actor.history,
                               env_kwargs=env.kwargs, options=env.options or None)
-        if found is None:
-            print(f"  level {seed}: the oracle found no route; no entry", flush=True)
-            continue
-        start, route = found
-        starts[seed] = start
-        for name, moves in (("correct", route), ("wrong", [OPPOSITE.get(m, m) for m in route])):
-            entry = route_advice(env.id, start, moves)
-            banks[name].add(env.id, entry.title, entry.content)
-    manager = ExperienceManager(banks["correct"])
-    hits = 0
-    for seed, start in starts.items():
-        probe = gym.make(env.id, **env.kwargs)
-        _, info = probe.reset(seed=seed)
-        probe.close()
-        [top] = manager.retrieve(env.id, f"{info.get('task', '')}\n{start}", 1)
-        hits += route_advice(env.id, start, []).title == top.title
-    manager.close()
-    for bank in banks.values():
-        bank.close()
-    return paths["correct"], paths["wrong"], hits
-
-
-def run_eval(agent: str, env, seeds: list[int], out: Path, bank: Path | None,
-             max_new_tokens: int) -> dict:
-    """One ``crl eval`` run; returns its report's summary of the env."""
-    command = [sys.executable, "-m", "crl_harness.cli", "eval", "--agent", agent,
-               "--envs", env.id, "--env-kwargs", json.dumps(env.kwargs),
-               "--seeds", f"{seeds[0]}-{seeds[-1]}", "--max-new-tokens", str(max_new_tokens),
-               "--out", str(out), "--no-progress"]
-    if bank is not None:
-        command += ["--experience", str(bank)]
-    print("  $ crl " + shlex.join(command[3:]), flush=True)
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    report = json.loads((out / "report.json").read_text())
-    return report["envs"][0]
+        if route is not None:
+            found[seed] = route
+    starts = [start for start, _ in found.values()]
+    kept = [seed for seed, (start, _) in found.items() if starts.count(start) == 1]
+    correct, wrong = {}, {}
+    for seed in kept:
+        start, route = found[seed]
+        correct[start] = route_advice(env.id, start, route, entry_id=f"correct-{seed}")
+        wrong[start] = route_advice(env.id, start, [OPPOSITE.get(m, m) for m in route],
+                                    entry_id=f"wrong-{seed}")
+    return kept, correct, wrong
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="cpu-demo")
     parser.add_argument("--agent", default=None, help="default: the config's actor.model")
-    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--episodes", type=int, default=16, help="held-out levels tried")
     parser.add_argument("--out", default="runs/tip-pilot")
     args = parser.parse_args()
     if not 1 <= args.episodes <= 1000:
         parser.error("--episodes must be in 1..1000")
 
     from crl_harness.config import load_config
-    from crl_harness.eval import wilson_interval
+    from crl_harness.eval import episode_specs, evaluate, summarize, wilson_interval
+    from crl_harness.models.registry import load_backend
+    from crl_harness.rollout import RolloutConfig
 
     cfg = load_config(args.config)
     agent = args.agent or cfg.actor.model
@@ -105,27 +86,33 @@ def main() -> None:
     seeds = list(range(cfg.tasks.heldout_offset, cfg.tasks.heldout_offset + args.episodes))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    correct, wrong, hits = build_banks(cfg, seeds, out)
-    print(f"tip pilot: {agent} on {env.id} {env.kwargs}, held-out levels {seeds[0]}-{seeds[-1]}; "
-          f"retrieval finds the level's own entry for {hits}/{len(seeds)} levels", flush=True)
+    backend = load_backend(agent)
+    kept, correct, wrong = level_entries(cfg, seeds, backend.tokenizer)
+    print(f"tip pilot: {agent} on {env.id} {env.kwargs}, held-out levels {seeds[0]}-{seeds[-1]}: "
+          f"{len(kept)} with a first observation of their own and a route", flush=True)
+    rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
+                            history=cfg.actor.history, env_kwargs={env.id: dict(env.kwargs)})
     results = {}
-    for name, bank in (("none", None), ("correct", correct), ("wrong", wrong)):
+    for name, entries in (("none", None), ("correct", correct), ("wrong", wrong)):
         started = time.perf_counter()
-        summary = run_eval(agent, env, seeds, out / name, bank, cfg.actor.max_new_tokens)
-        wins, n = summary["successes"], summary["episodes"]
+        trajectories = evaluate(agent, episode_specs([env.id], kept, entries is not None),
+                                backend=backend, rollout=rollout,
+                                retriever=LevelEntries(entries) if entries else None)
+        summary = summarize(trajectories)[0]
+        wins, n = summary.successes, summary.episodes
         low, high = wilson_interval(wins, n)
         results[name] = {"successes": wins, "episodes": n, "success": wins / n,
-                         "interval": [low, high], "seconds": time.perf_counter() - started}
-        print(f"  {name:8s} {wins:3d}/{n} = {100 * wins / n:5.1f}%  "
-              f"[{100 * low:.1f}, {100 * high:.1f}]  ({results[name]['seconds']:.0f} s)",
-              flush=True)
+                         "interval": [low, high], "format_failure_rate":
+                         summary.format_failure_rate, "seconds": time.perf_counter() - started}
+        print(f"  {name:8s} {wins:3d}/{n} = {100 * wins / n:5.1f}%  [{100 * low:.1f}, "
+              f"{100 * high:.1f}]  format failures {100 * summary.format_failure_rate:.0f}%  "
+              f"({results[name]['seconds']:.0f} s)", flush=True)
     gain = 100 * (results["correct"]["success"] - results["none"]["success"])
     loss = 100 * (results["wrong"]["success"] - results["none"]["success"])
     print(f"correct entry vs none: {gain:+.1f} points; wrong entry vs none: {loss:+.1f} points")
     (out / "tip_pilot.json").write_text(json.dumps(
-        {"agent": agent, "env": env.id, "env_kwargs": env.kwargs, "seeds": seeds,
-         "retrieval_hits": hits, "results": results, "correct_minus_none": gain,
-         "wrong_minus_none": loss}, indent=2))
+        {"agent": agent, "env": env.id, "env_kwargs": env.kwargs, "levels": kept,
+         "results": results, "correct_minus_none": gain, "wrong_minus_none": loss}, indent=2))
     print(f"wrote {out / 'tip_pilot.json'}")
 
 

@@ -122,7 +122,7 @@ def test_another_levels_advice_is_set_aside(backend):
     other = route_advice(ROOM, first.turns[0].observation, winning_route(first))
     traj = _play(backend, seed=4, advice=other)
     assert other.text in backend.tokenizer.decode(traj.turns[0].prompt_token_ids)
-    assert parse_answer(traj.turns[0].text).think.startswith("The advice is for another start")
+    assert parse_answer(traj.turns[0].text).think.startswith("Advice for another start")
     plain = _play(backend, seed=4)
     assert [t.action for t in traj.turns] == [t.action for t in plain.turns]
 
@@ -209,11 +209,13 @@ def test_hardening_warmstart_kill_keeps_the_previous_adapter(tiny, tmp_path, mon
 def test_hardening_warmstart_bad_configs(tiny, tmp_path):
     with pytest.raises(WarmStartError, match="CRL/WebShop-v0 has none"):
         run_warmstart(_config(tiny, tmp_path, "tasks.envs.0.id=CRL/WebShop-v0"))
+    with pytest.raises(WarmStartError, match="raise actor.max_new_tokens"):
+        run_warmstart(_config(tiny, tmp_path, "actor.max_new_tokens=8"))  # targets would be cut
     for override, match in (("warmstart.noise=1.5", "warmstart.noise"),
                             ("warmstart.episodes=0", "warmstart.episodes"),
                             ("warmstart.lora.enabled=false", "LoRA adapters only"),
                             ("warmstart.seed_offset=0", "overlap the training seeds"),
-                            ("tasks.heldout_offset=5", "overlap the training seeds"),
+                            ("tasks.heldout_offset=2", "overlap the training seeds"),
                             ("tasks.heldout_offset=-1", "tasks.heldout_offset")):
         with pytest.raises(ConfigError, match=match):
             _config(tiny, tmp_path, override)

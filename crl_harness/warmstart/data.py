@@ -130,7 +130,7 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
             else:
                 action, reason = planned, REASONS[env_id](observation, planned)
             if advice is not None and route is None and t == 0:
-                reason = f"The advice is for another start; I set it aside. {reason}"
+                reason = f"Advice for another start: set aside. {reason}"
             text = f"<think>{reason}</think><answer>{action}</answer>"
             messages = episode.conversation.messages(
                 budget, lambda m: len(encode_chat(tokenizer, m)))

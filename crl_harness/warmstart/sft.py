@@ -141,6 +141,12 @@ def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[
             tokenizer=tokenizer, max_context=actor_backend.max_context,
             max_new_tokens=cfg.actor.max_new_tokens, history=cfg.actor.history,
             env_kwargs=entry.kwargs, options=entry.options or None)
+    longest = max((len(t.token_ids) for e in episodes for t in e.trajectory.turns), default=0)
+    if longest > cfg.actor.max_new_tokens:
+        # The actor would be taught replies that generation cuts off: every one a format failure.
+        raise WarmStartError(f"a warm-start reply is {longest} tokens but actor.max_new_tokens is "
+                             f"{cfg.actor.max_new_tokens}; raise actor.max_new_tokens to at least "
+                             f"{longest}")
     rows = [row for e in episodes for row in sample_rows(e.trajectory.turns)]
     if not rows:
         raise WarmStartError("the oracle episodes gave no samples (every episode ended at reset); "
