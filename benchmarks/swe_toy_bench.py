@@ -22,7 +22,6 @@ import argparse
 import os
 import statistics
 import sys
-import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -162,7 +161,7 @@ def main() -> int:
 
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"{ENV_ID}, median of {args.runs} runs ({os.cpu_count()} CPUs, load average {load} "
-          f"at the end, {threading.active_count()} threads)")
+          "at the end)")
     print(f"{'seconds':<24}" + "".join(f"{kind:>10}" for kind in kinds))
     for name in columns[kinds[0]]:
         scale, unit = (1000, " ms") if name.startswith(("bash", "editor")) else (1, "")

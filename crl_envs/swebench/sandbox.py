@@ -1385,6 +1385,10 @@ class DockerSandbox(Sandbox):
             return log_dir / LOG_TEST_OUTPUT
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
+            try:  # and swebench's log folders, when empty: a grading leaves nothing behind
+                os.removedirs(RUN_EVALUATION_LOG_DIR)
+            except OSError:  # another grading's logs are there, or the user's
+                pass
 
     def close(self) -> None:
         finalizer = getattr(self, "_finalizer", None)  # absent when the container never started
