@@ -6,6 +6,9 @@ Holds:
 - ``LocalSandbox``: a temporary git checkout on this host. Opt-in: commands run unisolated.
 - ``DockerSandbox``: a container of the instance's SWE-bench image, repository at ``/testbed``,
   driven through the docker SDK; graded by swebench's own ``run_instance``.
+- ``ContainerLimits``: what its containers may use (hardened defaults: no network, memory and
+  process limits); ``sandbox_labels``, ``SANDBOX_LABEL`` and ``remove_stale_containers``: the
+  labels that let a later run remove the containers of a killed process; ``ensure_image``.
 - ``PathOutsideSandboxError``, ``SandboxError``, ``UnisolatedSandboxWarning``.
 
 The shell is persistent in the sense of SWE-agent: the working directory, shell and exported
