@@ -62,10 +62,14 @@ def client():
                         "`crl swe build-image toy` as root (README, SWE-bench with Docker)")
         build_toy_image(client)
     yield client
-    mine = [container.name for container in client.containers.list(
-        all=True, filters={"label": f"{SANDBOX_LABEL}"})
+    assert not ours(client), f"containers left behind: {ours(client)}"
+
+
+def ours(client) -> list[str]:
+    """The sandbox containers of this process (other runs may share the daemon)."""
+    return [container.name for container in client.containers.list(
+        all=True, filters={"label": SANDBOX_LABEL})
         if container.labels.get("crl-gym.owner", "").split(":")[1:2] == [str(os.getpid())]]
-    assert not mine, f"containers left behind: {mine}"
 
 
 @pytest.fixture
@@ -147,6 +151,22 @@ def test_docker_toy_wrong_fix_is_graded_unresolved(env):
     _, reward, terminated, _, info = env.step(format_tool_call("submit"))
     assert terminated and reward == 0.0 and info["report"]["patch_successfully_applied"]
     assert info["fail_to_pass"] == 0.0 and info["pass_to_pass"] == 1.0
+
+
+def test_docker_concurrent_episodes_leave_no_container(client):
+    """Episodes in threads, each with its own env: all resolved, all their containers gone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(seed: int) -> float:
+        env = gym.make(ENV_ID, sandbox="docker", docker_client=client)
+        try:
+            return play_oracle(env, seed)[0]
+        finally:
+            env.close()
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        assert list(pool.map(one, range(3))) == [1.0, 1.0, 1.0]
+    assert not ours(client)
 
 
 def test_security_docker_container_is_hardened(env, client):
