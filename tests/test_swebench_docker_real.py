@@ -72,10 +72,14 @@ def ours(client) -> list[str]:
         if container.labels.get("crl-gym.owner", "").split(":")[1:2] == [str(os.getpid())]]
 
 
+# One core at most: the busy loops below must not take the whole machine from other work.
+ONE_CORE = ContainerLimits(cpus=1.0)
+
+
 @pytest.fixture
 def env(client):
     env = gym.make(ENV_ID, sandbox="docker", docker_client=client, command_timeout=5,
-                   eval_timeout=120)
+                   eval_timeout=120, container_limits=ONE_CORE)
     yield env
     env.close()
 
@@ -185,7 +189,17 @@ def test_security_docker_container_is_hardened(env, client):
 
 
 # ----------------------------------------------------------------------------- bad inputs
-def test_hardening_docker_fork_bomb(env, host_sentinel):
+def test_hardening_docker_fork_bomb(client, host_sentinel):
+    # A lower process limit and half a core: the bomb fills it sooner and spins on less CPU.
+    env = gym.make(ENV_ID, sandbox="docker", docker_client=client, command_timeout=5,
+                   container_limits=ContainerLimits(pids=256, cpus=0.5))
+    try:
+        fork_bomb_then_next_episode(env)
+    finally:
+        env.close()
+
+
+def fork_bomb_then_next_episode(env) -> None:
     env.reset(seed=0)
     started = time.monotonic()
     obs, info = bash(env, ":(){ :|:& };:")
@@ -199,11 +213,22 @@ def test_hardening_docker_fork_bomb(env, host_sentinel):
     assert reward == 1.0
 
 
-def test_hardening_docker_rm_rf_root(env, host_sentinel):
+def test_hardening_docker_rm_rf_root(client, host_sentinel):
+    # Time enough for rm to finish on a loaded machine: a half-deleted tree may still run `ls`.
+    env = gym.make(ENV_ID, sandbox="docker", docker_client=client, command_timeout=120,
+                   container_limits=ONE_CORE)
+    try:
+        rm_rf_root_then_next_episode(env)
+    finally:
+        env.close()
+
+
+def rm_rf_root_then_next_episode(env) -> None:
     env.reset(seed=0)
     obs, _ = bash(env, "rm -rf /")
     assert "dangerous to operate recursively on '/'" in obs  # GNU rm refuses by default
-    bash(env, "rm -rf --no-preserve-root / 2>/dev/null; echo gone")
+    obs, _ = bash(env, "rm -rf --no-preserve-root / 2>/dev/null; echo gone")
+    assert "gone" in obs, obs
     obs, info = bash(env, "ls /testbed")
     assert "cannot start any command" in obs and "call submit" in obs, obs
     _, reward, terminated, _, info = env.step(format_tool_call("submit"))
@@ -252,7 +277,7 @@ def test_hardening_docker_commands_waiting_on_stdin(env, host_sentinel):
 def test_hardening_docker_memory_bomb(client, host_sentinel):
     """A small limit here, to spare the machine: the default is 4 GB."""
     env = gym.make(ENV_ID, sandbox="docker", docker_client=client, command_timeout=30,
-                   container_limits=ContainerLimits(memory="256m"))
+                   container_limits=ContainerLimits(memory="256m", cpus=1.0))
     try:
         env.reset(seed=0)
         obs, info = bash(env, "python3 -c 'b = bytearray(2**30)'")

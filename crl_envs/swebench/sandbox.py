@@ -1126,8 +1126,10 @@ _UNUSABLE = ("The container cannot start any command, even after a restart: its 
 def _could_not_start(result: CommandResult, session: bytes) -> bool:
     """Whether a shell command failed for want of a process slot (bash or coreutils
     ``timeout`` unable to fork) or of the container's own programs: then the daemon's exec
-    fails (126, 127) and no session comes back, as the shell never ran."""
-    if result.exit_code in _EXEC_FAILED_CODES and not session:
+    fails (126, 127) and no saved session comes back, as the shell never ran (the daemon may
+    write its error where the session goes)."""
+    if result.exit_code in _EXEC_FAILED_CODES and \
+            not session.rstrip(b"\n").endswith(_STATE_END.encode()):
         return True
     return result.exit_code != 0 and any(sign in result.output for sign in _NO_PROCESS_SLOT)
 
@@ -1255,8 +1257,8 @@ class DockerSandbox(Sandbox):
             session = bytearray()
             result = self._run_in_session(command, timeout, session)
             if _could_not_start(result, session):
-                return CommandResult(_UNUSABLE.format(error=result.output.strip()),
-                                     result.exit_code)
+                error = result.output.strip() or session.decode(errors="replace").strip()
+                return CommandResult(_UNUSABLE.format(error=error), result.exit_code)
             result.output = _RESTARTED.format(rerun="; the command was run again") + result.output
         if result.timed_out:
             # `timeout` kills its process group; setsid and daemonized processes left it.
