@@ -1,12 +1,19 @@
-"""Seconds per CRL/SWEBenchToy-v0 episode (goal: 2 s or less) and per tool call.
+"""CRL/SWEBenchToy-v0 on the local and the Docker sandbox, side by side; 8 concurrent Docker
+episodes and a check that none of their containers is left.
 
-An episode is what the gold-patch oracle plays: reset (a fresh git checkout), one
-``str_replace_editor`` edit, ``submit`` (diff, a fresh clone at the base commit, the patch
-applied, the toy's eval script with pytest, swebench's report). Tool calls are timed on one
-checkout: ``bash`` (``ls``, and a command that changes the session's state), editor ``view``,
-``str_replace`` then ``undo_edit``. Every figure is the median of ``--runs`` runs.
+An episode is what the gold-patch oracle plays: reset (a fresh checkout: a git clone on the
+host, a new container from the toy image in Docker), one ``str_replace_editor`` edit,
+``submit`` (diff, the patch applied to a pristine copy, the toy's eval script with pytest,
+swebench's report; in Docker through swebench's ``run_instance`` in a fresh container).
+Figures are medians of ``--runs`` runs: the episode and its phases, the sandbox's start
+(``LocalSandbox`` / ``DockerSandbox`` built and closed), and single tool calls (one command's
+round trip). Then ``--concurrent`` Docker episodes run at once, each in its own env and thread;
+it fails (exit 1) if one is not resolved or a container with our label is left.
 
-    .venv/bin/python benchmarks/swe_toy_bench.py [--runs 7]
+The Docker column needs a daemon and the toy image (``crl swe build-image toy``, README);
+without them it is left out, with the reason.
+
+    .venv/bin/python benchmarks/swe_toy_bench.py [--runs 5] [--concurrent 8] [--sandbox both]
 """
 
 from __future__ import annotations
@@ -14,14 +21,26 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the ids)
 from crl_envs.oracles import make_oracle
-from crl_envs.swebench.sandbox import UnisolatedSandboxWarning
+from crl_envs.swebench.data import TOY_DIR, load_instances
+from crl_envs.swebench.sandbox import (
+    SANDBOX_LABEL,
+    DockerSandbox,
+    LocalSandbox,
+    SandboxError,
+    UnisolatedSandboxWarning,
+    docker_client,
+    ensure_image,
+)
 from crl_envs.swebench.tools import format_tool_call
 
 ENV_ID = "CRL/SWEBenchToy-v0"
@@ -50,6 +69,7 @@ def tool_call_seconds(env: gym.Env) -> dict[str, float]:
     """Seconds of single tool calls on the current checkout."""
     core = env.unwrapped.sandbox.repo_dir + "/intervals/core.py"
     calls = {
+        "bash true": format_tool_call("bash", command="true"),
         "bash ls": format_tool_call("bash", command="ls"),
         "bash cd+export": format_tool_call("bash", command="cd intervals && export X=1"),
         "editor view": format_tool_call("str_replace_editor", command="view", path=core),
@@ -67,31 +87,93 @@ def tool_call_seconds(env: gym.Env) -> dict[str, float]:
     return timings
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=7, help="runs per figure (default 7)")
-    args = parser.parse_args()
-    warnings.simplefilter("ignore", UnisolatedSandboxWarning)
-    env = gym.make(ENV_ID)
+def sandbox_start_seconds(kind: str, client: Any) -> float:
+    """Seconds to start a sandbox of the toy task and close it."""
+    started = time.perf_counter()
+    if kind == "docker":
+        DockerSandbox(load_instances("toy")[0], client=client).close()
+    else:
+        LocalSandbox(TOY_DIR / "repo").close()
+    return time.perf_counter() - started
+
+
+def measure(kind: str, runs: int, client: Any) -> dict[str, float]:
+    """Medians of ``runs`` episodes, sandbox starts and tool calls on one sandbox kind."""
+    env = gym.make(ENV_ID, sandbox=kind, docker_client=client)
     episode_phases(env, seed=0)  # warm-up: imports, the datasets cache, the page cache
-    episodes = [episode_phases(env, seed) for seed in range(args.runs)]
+    episodes = [episode_phases(env, seed) for seed in range(runs)]
     tools = []
-    for seed in range(args.runs):
+    for seed in range(runs):
         env.reset(seed=seed)
         tools.append(tool_call_seconds(env))
     env.close()
+    starts = [sandbox_start_seconds(kind, client) for _ in range(runs)]
+    figures = {name: statistics.median(run[name] for run in episodes) for name in episodes[0]}
+    figures["sandbox start + close"] = statistics.median(starts)
+    figures.update({name: statistics.median(run[name] for run in tools) for name in tools[0]})
+    return figures
+
+
+def concurrent_episodes(count: int, client: Any) -> tuple[float, int, list[str]]:
+    """``count`` Docker oracle episodes at once: seconds, how many resolved, and the names of
+    containers with our label left afterwards (must be none)."""
+    def one(seed: int) -> bool:
+        env = gym.make(ENV_ID, sandbox="docker", docker_client=client)
+        try:
+            return episode_phases(env, seed)["episode"] > 0
+        finally:
+            env.close()
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        resolved = sum(pool.map(one, range(count)))
+    seconds = time.perf_counter() - started
+    left = [container.name for container in client.containers.list(
+        all=True, filters={"label": SANDBOX_LABEL})]
+    return seconds, resolved, left
+
+
+def docker_or_reason() -> tuple[Any, str]:
+    """A client of a daemon with the toy image, or ``None`` and why not."""
+    try:
+        client = docker_client()
+        row = load_instances("toy")[0]
+        ensure_image(client, row["image"], row["instance_id"])
+    except SandboxError as err:
+        return None, str(err)
+    return client, ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs per figure (default 5)")
+    parser.add_argument("--concurrent", type=int, default=8,
+                        help="Docker episodes at once (default 8; 0: skip)")
+    parser.add_argument("--sandbox", choices=["both", "local", "docker"], default="both")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", UnisolatedSandboxWarning)
+    kinds = ["local", "docker"] if args.sandbox == "both" else [args.sandbox]
+    client, reason = docker_or_reason() if "docker" in kinds else (None, "")
+    if client is None and "docker" in kinds:
+        print(f"Docker column left out: {reason}", file=sys.stderr)
+        kinds.remove("docker")
+    columns = {kind: measure(kind, args.runs, client) for kind in kinds}
 
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"{ENV_ID}, median of {args.runs} runs ({os.cpu_count()} CPUs, load average {load})")
-    print(f"{'phase':<22}{'seconds':>10}")
-    for name in episodes[0]:
-        print(f"{name:<22}{statistics.median(run[name] for run in episodes):>10.3f}")
-    median_episode = statistics.median(run["episode"] for run in episodes)
-    print(f"goal: episode <= 2 s -> {'met' if median_episode <= 2.0 else 'NOT met'}")
-    print(f"\n{'tool call':<22}{'ms':>10}")
-    for name in tools[0]:
-        print(f"{name:<22}{1000 * statistics.median(run[name] for run in tools):>10.1f}")
+    print(f"{ENV_ID}, median of {args.runs} runs ({os.cpu_count()} CPUs, load average {load} "
+          "at the end)")
+    print(f"{'seconds':<24}" + "".join(f"{kind:>10}" for kind in kinds))
+    for name in columns[kinds[0]]:
+        scale, unit = (1000, " ms") if name.startswith(("bash", "editor")) else (1, "")
+        print(f"{name + unit:<24}" + "".join(f"{scale * columns[kind][name]:>10.3f}"
+                                              for kind in kinds))
+    if client is None or args.concurrent <= 0:
+        return 0
+    seconds, resolved, left = concurrent_episodes(args.concurrent, client)
+    print(f"\n{args.concurrent} concurrent Docker episodes: {seconds:.1f} s, {resolved} resolved, "
+          f"containers with label {SANDBOX_LABEL} left: {len(left)} {left or ''}")
+    return 0 if resolved == args.concurrent and not left else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("crl_harness.commands.train", "train an agent with Complementary RL or a baseline arm"),
     "warmstart": ("crl_harness.commands.warmstart",
                   "supervised warm start of actor and extractor on scripted-oracle episodes"),
-    "swe": ("crl_harness.commands.swe", "SWE-bench tools: filter tasks by pass rate"),
+    "swe": ("crl_harness.commands.swe", "SWE-bench tools: filter tasks by pass rate, build the toy image"),
     "eval": ("crl_harness.commands.eval", "benchmark an agent (scripted or a model) on CRL envs"),
 }
 

@@ -17,6 +17,7 @@ import crl_envs  # noqa: F401
 from crl_envs.swebench.data import load_instances
 from crl_envs.swebench.grading import grade_patch
 from crl_envs.swebench.sandbox import (
+    _CONTAINER_INIT,
     _KILL_ALL_BUT_INIT,
     CONTAINER_REPO,
     DockerSandbox,
@@ -24,6 +25,7 @@ from crl_envs.swebench.sandbox import (
     SandboxError,
     UnisolatedSandboxWarning,
     docker_client,
+    ensure_image,
 )
 from crl_envs.swebench.tools import Tools, format_tool_call
 
@@ -113,7 +115,7 @@ def test_container_start_and_shell_commands():
     client = FakeClient(local_images=[ROW["image"]])
     box = DockerSandbox(ROW, client=client, run_id="t1")
     (image, kwargs), = client.runs
-    assert image == ROW["image"] and kwargs["command"] == "tail -f /dev/null"
+    assert image == ROW["image"] and kwargs["command"] == _CONTAINER_INIT
     assert kwargs["detach"] is True and kwargs["working_dir"] == CONTAINER_REPO == box.repo_dir
     assert kwargs["name"] == "crl.django__django-11099.t1" and client.pulled == []
     # the session starts from ~/.bashrc, where SWE-bench images activate the testbed conda env
@@ -181,14 +183,14 @@ def test_grading_goes_through_swebench_run_instance(monkeypatch, tmp_path):
 
     monkeypatch.setattr(run_evaluation, "run_instance", fake_run_instance)
     monkeypatch.chdir(tmp_path)
-    client = FakeClient(local_images=[""])
+    client = FakeClient(local_images=[toy["image"]])
     box = DockerSandbox(toy, client=client, run_id="grade")
     grade = grade_patch(box, toy, toy["patch"], timeout=900, log_dir=tmp_path / "logs")
     (spec, pred, sent_client, run_id, timeout), = calls
     assert spec.instance_id == toy["instance_id"] and spec.eval_script.startswith("#!/bin/bash")
     assert pred == {"instance_id": toy["instance_id"], "model_patch": toy["patch"],
                     "model_name_or_path": "crl"}
-    assert sent_client is client and run_id.startswith("grade.") and timeout == 900
+    assert sent_client.client is client and run_id.startswith("grade.") and timeout == 900
     assert grade.resolved and grade.fail_to_pass == 1.0 and grade.pass_to_pass == 1.0
     calls.clear()
     monkeypatch.setattr(run_evaluation, "run_instance", lambda *a, **k: None)  # did not apply
@@ -229,11 +231,18 @@ def test_without_daemon_the_error_says_what_to_do():
 
 
 @pytest.mark.slow
+@pytest.mark.docker
 def test_real_instance_gold_patch_resolves_in_docker(data_dir):
     """On a machine with Docker: pulls the instance image (about 1-3 GB) and runs the
-    official evaluation of the gold patch."""
+    official evaluation of the gold patch; skips, naming the image and how to get it, where
+    it is neither here nor pullable (no network)."""
     client = _daemon_or_skip()
     folder = data_dir("swebench", "verified_test.parquet")
+    (row,) = load_instances("verified", data_dir=folder, task_ids=["django__django-11099"])
+    try:
+        ensure_image(client, row["image"], row["instance_id"])
+    except SandboxError as err:
+        pytest.skip(str(err))
     env = gym.make("CRL/SWEBench-v0", data_dir=folder, task_ids=["django__django-11099"],
                    docker_client=client)
     from crl_envs.oracles import make_oracle
@@ -389,20 +398,25 @@ def test_security_docker_timeout_kills_the_container_processes_and_session_is_ke
 def test_security_docker_kill_acts_only_inside_our_container():
     import subprocess
 
-    # Run here, on a host whose PID 1 is no `tail -f /dev/null`, the kill must do nothing.
+    # Run here, on a host whose PID 1 is not our containers' init, the kill must do nothing.
     with open("/proc/1/cmdline", "rb") as handle:
-        if handle.read().split(b"\0")[:3] == [b"tail", b"-f", b"/dev/null"]:
-            pytest.skip("this machine's PID 1 is `tail -f /dev/null`, like our containers")
+        if handle.read().split(b"\0")[-2:-1] == [_CONTAINER_INIT[-1].encode()]:
+            pytest.skip("this machine's PID 1 is our containers' init")
     done = subprocess.run(_KILL_ALL_BUT_INIT, capture_output=True)
     assert done.returncode == 1  # the guard failed; nothing was signalled
 
 
-@pytest.mark.slow
+@pytest.mark.docker
 def test_security_docker_setsid_process_dies_at_timeout_on_a_real_daemon():
-    """On a machine with Docker (pulls python:3.11-slim, about 50 MB): a setsid process started
-    by a command that times out does not survive it, and the session survives hostile edits."""
+    """On a machine with Docker and the toy image (`crl swe build-image toy`, offline): a
+    setsid process started by a command that times out does not survive it, and the session
+    survives hostile edits."""
     client = _daemon_or_skip()
-    row = {"instance_id": "crl-hardening", "image": "python:3.11-slim", "base_commit": "HEAD"}
+    (row,) = load_instances("toy")
+    try:
+        ensure_image(client, row["image"], row["instance_id"])
+    except SandboxError as err:
+        pytest.skip(str(err))
     box = DockerSandbox(row, client=client)
     try:
         tools = Tools(box, command_timeout=2)

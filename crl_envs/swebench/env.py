@@ -17,7 +17,13 @@ from typing import Any
 from crl_envs.base import TextEnv, Transition
 from crl_envs.swebench.data import TOY_DIR, load_instances
 from crl_envs.swebench.grading import GRADINGS, Grade, grade_patch
-from crl_envs.swebench.sandbox import DockerSandbox, LocalSandbox, Sandbox, SandboxError
+from crl_envs.swebench.sandbox import (
+    ContainerLimits,
+    DockerSandbox,
+    LocalSandbox,
+    Sandbox,
+    SandboxError,
+)
 from crl_envs.swebench.tools import TOOL_CALL_SYNTAX, Tools
 
 __all__ = ["SWEBenchEnv"]
@@ -67,6 +73,8 @@ class SWEBenchEnv(TextEnv):
             ``setup.cfg``, ``tox.ini``, ``pyproject.toml``, ``sitecustomize.py``...), which
             would let a policy make every test pass; ``"swebench"`` grades it whole, as
             upstream's harness does (for numbers comparable with the leaderboard).
+        container_limits: for ``sandbox="docker"``, what its containers may use (a
+            ``ContainerLimits``; default: no network, 4 GB of memory, 1024 processes).
 
     Each step is one tool call (``instructions`` give the syntax). A malformed call, or one the
     tool refuses without changing anything (no match for ``str_replace``, ``create`` over a file,
@@ -101,7 +109,8 @@ class SWEBenchEnv(TextEnv):
                  command_timeout: float = 120.0, eval_timeout: float = 1800.0,
                  max_steps: int | None = 50, docker_client: Any = None,
                  render_mode: str | None = None, reward_mode: str = "binary",
-                 grading: str = "hardened") -> None:
+                 grading: str = "hardened",
+                 container_limits: ContainerLimits | None = None) -> None:
         super().__init__(render_mode=render_mode, reward_mode=reward_mode)
         if sandbox not in SANDBOXES:
             raise ValueError(f"sandbox={sandbox!r} is not one of {SANDBOXES}.")
@@ -121,6 +130,7 @@ class SWEBenchEnv(TextEnv):
             raise ValueError(f"No SWE tasks selected from {dataset!r}.")
         self._by_id = {row["instance_id"]: row for row in self.instances}
         self._docker_client = docker_client
+        self.container_limits = container_limits
         self.instance: dict[str, Any] | None = None
         self.sandbox: Sandbox | None = None
         self.tools: Tools | None = None
@@ -206,7 +216,8 @@ class SWEBenchEnv(TextEnv):
     # ----------------------------------------------------------------- sandboxes
     def _make_sandbox(self, instance: dict[str, Any]) -> Sandbox:
         if self.sandbox_kind == "docker":
-            return DockerSandbox(instance, client=self._docker_client)
+            return DockerSandbox(instance, client=self._docker_client,
+                                 limits=self.container_limits)
         if self._workroot is None:
             self._workroot = Path(tempfile.mkdtemp(prefix="crl-swe-env-"))
             self._remove_workroot = weakref.finalize(self, shutil.rmtree, self._workroot, True)

@@ -6,6 +6,9 @@ Holds:
 - ``LocalSandbox``: a temporary git checkout on this host. Opt-in: commands run unisolated.
 - ``DockerSandbox``: a container of the instance's SWE-bench image, repository at ``/testbed``,
   driven through the docker SDK; graded by swebench's own ``run_instance``.
+- ``ContainerLimits``: what its containers may use (hardened defaults: no network, memory and
+  process limits); ``sandbox_labels``, ``SANDBOX_LABEL`` and ``remove_stale_containers``: the
+  labels that let a later run remove the containers of a killed process; ``ensure_image``.
 - ``PathOutsideSandboxError``, ``SandboxError``, ``UnisolatedSandboxWarning``.
 
 The shell is persistent in the sense of SWE-agent: the working directory, shell and exported
@@ -30,6 +33,7 @@ import selectors
 import shlex
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -52,6 +56,11 @@ __all__ = [
     "Sandbox",
     "LocalSandbox",
     "DockerSandbox",
+    "ContainerLimits",
+    "SANDBOX_LABEL",
+    "ensure_image",
+    "remove_stale_containers",
+    "sandbox_labels",
     "SandboxError",
     "PathOutsideSandboxError",
     "FileTooLargeError",
@@ -967,12 +976,130 @@ def _remove_container(container: Any) -> None:
         warnings.warn(f"Could not remove container {container.id}: {err}", stacklevel=2)
 
 
-# The container's init (see DockerSandbox.__init__). The kill below checks it first, so that it
-# can never act outside a container of ours.
-_CONTAINER_INIT = "tail -f /dev/null"
+@dataclass(frozen=True)
+class ContainerLimits:
+    """What a ``DockerSandbox`` container (the agent's and the grading one) may use.
+
+    The defaults are the hardened ones: no network, 4 GB of memory and no swap beyond it,
+    1024 processes, no privilege gain through setuid binaries.
+
+    >>> ContainerLimits().run_kwargs()["network_mode"], ContainerLimits(network=True).run_kwargs()["network_mode"]
+    ('none', 'bridge')
+    """
+
+    memory: str = "4g"
+    """memory limit (docker's units); swap is limited to the same, so no swap is added"""
+    pids: int = 1024
+    """most processes and threads at once: a fork bomb stops there"""
+    network: bool = False
+    """False: the container has only a loopback interface"""
+    cpus: float | None = None
+    """CPU cores the container may use (None: no limit)"""
+
+    def run_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the docker SDK's ``containers.run``/``create``."""
+        kwargs: dict[str, Any] = {
+            "network_mode": "bridge" if self.network else "none",
+            "mem_limit": self.memory, "memswap_limit": self.memory, "pids_limit": self.pids,
+            "security_opt": ["no-new-privileges"],
+        }
+        if self.cpus is not None:
+            kwargs["nano_cpus"] = int(self.cpus * 1e9)
+        return kwargs
+
+
+# Every container a DockerSandbox starts carries SANDBOX_LABEL and the owner label (host, pid,
+# process start time), so a later run can find the containers of a process killed with -9 and
+# remove them, and leave alone those of processes still running (here or on another host).
+SANDBOX_LABEL = "crl-gym.sandbox"
+_OWNER_LABEL = "crl-gym.owner"
+_swept_stale = threading.Event()
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (``None``: no such process):
+    with the pid, it names a process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
+
+
+def _owner_gone(owner: str) -> bool:
+    """Whether the process that started a container has ended (only said of this host's)."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    return _process_start(int(pid)) != start
+
+
+def sandbox_labels() -> dict[str, str]:
+    """The labels of this process's sandbox containers."""
+    return {SANDBOX_LABEL: "1", _OWNER_LABEL: _owner()}
+
+
+def remove_stale_containers(client: Any) -> list[str]:
+    """Remove the sandbox containers whose process has ended without removing them (killed
+    with -9, say); returns their names. Containers of running processes are kept."""
+    removed = []
+    try:
+        containers = client.containers.list(all=True, filters={"label": SANDBOX_LABEL})
+    except Exception:  # the daemon went away, or a client double without listing
+        return removed
+    for container in containers:
+        if _owner_gone(container.labels.get(_OWNER_LABEL, "")):
+            try:
+                container.remove(force=True)
+                removed.append(container.name)
+            except Exception:  # removed meanwhile by another run
+                pass
+    return removed
+
+
+class _HardenedContainers:
+    """``client.containers`` as swebench's ``run_instance`` sees it: the grading container it
+    creates gets the sandbox's limits and labels instead of the extra capability swebench adds
+    (``SYS_ADMIN``), and the sandbox's init, which ends on SIGTERM, so swebench's
+    ``docker stop`` returns at once instead of after its 15 s grace period."""
+
+    def __init__(self, containers: Any, limits: ContainerLimits) -> None:
+        self._containers, self._limits = containers, limits
+
+    def create(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("cap_add", None)
+        kwargs.update(self._limits.run_kwargs(), labels=sandbox_labels(), command=_CONTAINER_INIT)
+        return self._containers.create(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._containers, name)
+
+
+class _HardenedClient:
+    """A docker client whose new containers are hardened (``_HardenedContainers``)."""
+
+    def __init__(self, client: Any, limits: ContainerLimits) -> None:
+        self.client, self.containers = client, _HardenedContainers(client.containers, limits)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+# The container's init (see DockerSandbox.__init__): bash, which reaps every orphan (so no
+# zombie keeps a process slot, or looks alive to `kill -0`), ends on SIGTERM (so `docker stop`
+# returns at once) and starts its `tail` again when a kill took it. Its last argument marks
+# it as ours: the kill below checks it first, so that it can never act outside our container.
+_INIT_MARK = "crl-sandbox-init"
+_CONTAINER_INIT = ["bash", "-c", "trap 'exit 0' TERM; while :; do tail -f /dev/null & wait $!; done",
+                   _INIT_MARK]
 # Ends every process of the container but its init (the kill's own shell is spared by -1).
-_KILL_ALL_BUT_INIT = ["bash", "-c", "[ \"$(tr '\\0' ' ' < /proc/1/cmdline)\" = "
-                      f"'{_CONTAINER_INIT} ' ] && kill -KILL -1"]
+_KILL_ALL_BUT_INIT = ["bash", "-c", "[ \"$(tr '\\0' '\\n' < /proc/1/cmdline | tail -n 1)\" = "
+                      f"{_INIT_MARK} ] && kill -KILL -1"]
 # Before the shell wrapper in the container: the saved session comes from a file that is read
 # and deleted before the command runs; fd 3, where the wrapper writes the session, is the exec's
 # stdout stream, and the command's output goes to its stderr stream.
@@ -983,43 +1110,93 @@ shift
 """
 
 
+# The exit codes of an exec the daemon cannot start ("cannot be invoked", "not found"), and
+# what the agent is told then.
+_EXEC_FAILED_CODES = (126, 127)
+# What bash and coreutils print when the container's process limit is reached.
+_NO_PROCESS_SLOT = ("fork system call failed", "fork: Resource temporarily unavailable",
+                    "fork: retry: Resource temporarily unavailable")
+_RESTARTED = ("[The container was restarted{rerun}: every process in it had to be ended (the "
+              "files and the shell's variables are kept; background jobs are gone).]\n")
+_UNUSABLE = ("The container cannot start any command, even after a restart: its shell or "
+             "basic programs are gone (after `rm -rf /`, say). What is left of the repository "
+             "is still graded: call submit to end the episode.\nDocker said: {error}")
+
+
+def _could_not_start(result: CommandResult, session: bytes) -> bool:
+    """Whether a shell command failed for want of a process slot (bash or coreutils
+    ``timeout`` unable to fork) or of the container's own programs: then the daemon's exec
+    fails (126, 127) and no saved session comes back, as the shell never ran (the daemon may
+    write its error where the session goes)."""
+    if result.exit_code in _EXEC_FAILED_CODES and \
+            not session.rstrip(b"\n").endswith(_STATE_END.encode()):
+        return True
+    return result.exit_code != 0 and any(sign in result.output for sign in _NO_PROCESS_SLOT)
+
+
+def ensure_image(client: Any, image: str, instance_id: str) -> None:
+    """``image`` is local, or pulled; else ``SandboxError`` saying how to get it. Images of
+    the ``crl-gym/`` namespace are built here, offline, never pulled."""
+    try:
+        client.images.get(image)
+        return
+    except Exception as missing:
+        if image.startswith("crl-gym/"):
+            raise SandboxError(
+                f"Docker image {image} for {instance_id} is not on this machine; it is built "
+                "offline: run `crl swe build-image toy` (as root; see README)."
+            ) from missing
+    try:
+        client.images.pull(image)
+    except Exception as err:
+        raise SandboxError(
+            f"Docker image {image} for {instance_id} is not on this machine and could not be "
+            f"pulled ({err}). With network: `docker pull {image}`, or build it with "
+            f"`python -m swebench.harness.prepare_images --instance_ids {instance_id}`."
+        ) from err
+
+
 class DockerSandbox(Sandbox):
     """A container of the instance's SWE-bench image, with the repository at ``/testbed``.
 
     The image is the row's ``image`` field (swebench 5.x; pulled if absent). Commands run
     through ``exec`` as ``timeout --kill-after=5 T bash -c WRAPPER``; when that timeout fires,
     every process of the container but its init is killed, ``setsid`` ones included (the
-    container is the command's session; background jobs of earlier commands end too). The
+    container is the command's session; background jobs of earlier commands end too); when
+    that kill cannot run (a fork bomb holds every process slot), the container is restarted,
+    which ends all its processes and keeps its files. The
     shell's session is kept in this process: it goes in as a file deleted before the command
     runs and comes back on the exec's stdout stream. Files move as tar archives
     (``put_archive``, ``get_archive``). Grading hands the patch to swebench's official
     ``run_instance``, which starts a fresh container from the same image.
+
+    Hardened by default (``limits``, a ``ContainerLimits``): no network, memory and process
+    limits, for the agent's container and the grading one alike. Both carry labels naming
+    this process; the first sandbox of a process removes the containers that processes killed
+    before they could close theirs left behind (``remove_stale_containers``).
+    Images in the ``crl-gym/`` namespace are local builds (``crl swe build-image``), never
+    pulled.
     """
 
     def __init__(self, instance: dict[str, Any], client: Any = None,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, limits: ContainerLimits | None = None) -> None:
         self.client = client if client is not None else docker_client()
         self.image = instance["image"]
         self.instance_id = instance["instance_id"]
         self.base_commit = instance.get("base_commit", "HEAD")
         self.run_id = run_id or f"crl-{uuid.uuid4().hex[:8]}"
         self.repo_dir = CONTAINER_REPO
+        self.limits = limits or ContainerLimits()
         self._shell_state = b""
-        try:
-            self.client.images.get(self.image)
-        except Exception:
-            try:
-                self.client.images.pull(self.image)
-            except Exception as err:
-                raise SandboxError(
-                    f"Docker image {self.image} for {self.instance_id} is neither local nor "
-                    f"pullable ({err}). Build it with `python -m swebench.harness.prepare_images "
-                    f"--instance_ids {self.instance_id}` or `docker pull {self.image}`."
-                ) from err
+        if not _swept_stale.is_set():
+            _swept_stale.set()
+            remove_stale_containers(self.client)
+        ensure_image(self.client, self.image, self.instance_id)
         self.container = self.client.containers.run(
             self.image, command=_CONTAINER_INIT, detach=True, user="root",
             working_dir=CONTAINER_REPO,
             name=f"crl.{self.instance_id.lower()}.{self.run_id}",
+            labels=sandbox_labels(), **self.limits.run_kwargs(),
         )
         # Runs on close(), or when the sandbox is collected or the interpreter exits unclosed.
         self._finalizer = weakref.finalize(self, _remove_container, self.container)
@@ -1035,12 +1212,17 @@ class DockerSandbox(Sandbox):
         seconds = max(1, int(timeout))
         wrapped = ["timeout", "--kill-after=5", str(seconds), *argv]
         started = time.monotonic()
-        exec_id = api.exec_create(self.container.id, wrapped, workdir=CONTAINER_REPO,
-                                  user="root", environment={"PAGER": "cat", "GIT_PAGER": "cat",
-                                                            "TERM": "dumb"})["Id"]
+        try:
+            exec_id = api.exec_create(self.container.id, wrapped, workdir=CONTAINER_REPO,
+                                      user="root", environment={"PAGER": "cat", "GIT_PAGER": "cat",
+                                                                "TERM": "dumb"})["Id"]
+            stream = api.exec_start(exec_id, stream=True, demux=True)
+        except Exception as err:  # docker.errors.APIError: the container stopped, say
+            return CommandResult(f"The container could not run the command: {err}",
+                                 _EXEC_FAILED_CODES[0])
         kept, total = bytearray(), 0
-        for out, err in _stream_until_done(api.exec_start(exec_id, stream=True, demux=True),
-                                           deadline=started + seconds + 10, session=session):
+        for out, err in _stream_until_done(stream, deadline=started + seconds + 10,
+                                           session=session):
             if session is not None and out:
                 if len(session) <= _STATE_LIMIT:
                     session += out
@@ -1066,6 +1248,30 @@ class DockerSandbox(Sandbox):
         return CommandResult(output, exit_code)
 
     def run(self, command: str, timeout: float) -> CommandResult:
+        session = bytearray()
+        result = self._run_in_session(command, timeout, session)
+        if _could_not_start(result, session):
+            # Every process slot is taken (a fork bomb left running in the background), or
+            # the container's own programs are gone (`rm -rf /`), or it stopped.
+            self._restart()
+            session = bytearray()
+            result = self._run_in_session(command, timeout, session)
+            if _could_not_start(result, session):
+                error = result.output.strip() or session.decode(errors="replace").strip()
+                return CommandResult(_UNUSABLE.format(error=error), result.exit_code)
+            result.output = _RESTARTED.format(rerun="; the command was run again") + result.output
+        if result.timed_out:
+            # `timeout` kills its process group; setsid and daemonized processes left it.
+            self._exec(_KILL_ALL_BUT_INIT, timeout=30)
+            if self._exec(["true"], timeout=30).exit_code != 0:  # the kill could not run
+                self._restart()
+                result.output = _RESTARTED.format(rerun="") + result.output
+        elif session.rstrip(b"\n").endswith(_STATE_END.encode()) and len(session) <= _STATE_LIMIT:
+            self._shell_state = bytes(session)
+        return result
+
+    def _run_in_session(self, command: str, timeout: float, session: bytearray) -> CommandResult:
+        """One command in the saved session; the session it leaves goes to ``session``."""
         state_file = ""
         if self._shell_state:
             state_file = f"/tmp/.crl-session-{uuid.uuid4().hex}"
@@ -1073,15 +1279,16 @@ class DockerSandbox(Sandbox):
                 self._put_file(PurePosixPath(state_file), self._shell_state, mode=0o600)
             except SandboxError:  # the agent broke /tmp: a fresh session lets it repair that
                 state_file = ""
-        session = bytearray()
-        result = self._exec(["bash", "-c", _DOCKER_PRELUDE + _SHELL_WRAPPER, "bash", state_file,
-                             command], timeout, session=session)
-        if result.timed_out:
-            # `timeout` kills its process group; setsid and daemonized processes left it.
-            self._exec(_KILL_ALL_BUT_INIT, timeout=30)
-        elif session.rstrip(b"\n").endswith(_STATE_END.encode()) and len(session) <= _STATE_LIMIT:
-            self._shell_state = bytes(session)
-        return result
+        return self._exec(["bash", "-c", _DOCKER_PRELUDE + _SHELL_WRAPPER, "bash", state_file,
+                           command], timeout, session=session)
+
+    def _restart(self) -> None:
+        """End every process of the container, its init too, and start it again: its files
+        (the repository, the agent's edits) stay."""
+        try:
+            self.container.restart(timeout=0)
+        except Exception:  # docker.errors.APIError: it cannot start again (`rm -rf /`); the
+            pass           # command that follows says so
 
     def check_path(self, path: str) -> str:
         if not path.startswith("/"):
@@ -1171,8 +1378,8 @@ class DockerSandbox(Sandbox):
                       "model_name_or_path": "crl"}
         # A run id per grading: run_instance returns a cached report when its run dir has one.
         run_id = f"{self.run_id}.{uuid.uuid4().hex[:8]}"
-        run_instance(make_test_spec(instance), prediction, self.client, run_id,
-                     timeout=int(timeout))
+        run_instance(make_test_spec(instance), prediction,
+                     _HardenedClient(self.client, self.limits), run_id, timeout=int(timeout))
         run_dir = RUN_EVALUATION_LOG_DIR / run_id
         log = run_dir / "crl" / self.instance_id / LOG_TEST_OUTPUT
         try:
@@ -1183,6 +1390,10 @@ class DockerSandbox(Sandbox):
             return log_dir / LOG_TEST_OUTPUT
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
+            try:  # and swebench's log folders, when empty: a grading leaves nothing behind
+                os.removedirs(RUN_EVALUATION_LOG_DIR)
+            except OSError:  # another grading's logs are there, or the user's
+                pass
 
     def close(self) -> None:
         finalizer = getattr(self, "_finalizer", None)  # absent when the container never started

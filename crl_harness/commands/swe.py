@@ -1,4 +1,8 @@
-"""``crl swe filter RESULTS``: the paper's SWE task filter over a results file of attempts.
+"""``crl swe``: SWE-bench tools.
+
+``crl swe build-image toy``: build the toy task's Docker image offline (see ``build_image``).
+
+``crl swe filter RESULTS``: the paper's SWE task filter over a results file of attempts.
 
 Keeps the tasks whose pass rate (successes / attempts, the base model's pass@16 in the paper)
 lies strictly between ``--min-rate`` (0) and ``--max-rate`` (0.8): tasks neither hopeless nor
@@ -28,6 +32,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     keep.add_argument("--min-attempts", type=int, default=1,
                       help="ignore tasks with fewer attempts (default 1; the paper uses 16)")
     keep.add_argument("--out", default=None, help="write the kept ids here (default: stdout)")
+    build = sub.add_parser("build-image", help="build the toy task's Docker image offline",
+                           description=BUILD_IMAGE_HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    build.add_argument("task", choices=["toy"], help="the task whose image to build")
+    build.add_argument("--rootfs", default=None,
+                       help="a finished Debian root file system to import instead of running "
+                            "debootstrap (it needs python3, pytest, git and patch)")
+    build.add_argument("--mirror", default=None,
+                       help="Debian mirror for debootstrap (default: the one apt uses here)")
+    build.add_argument("--rebuild", action="store_true",
+                       help="build the root file system and both images again")
+
+
+BUILD_IMAGE_HELP = """\
+Build crl-gym/sweb.eval.x86_64.crl-gym_1776_toy-intervals-1 (the toy row's `image`) without
+any registry: debootstrap a minimal Debian root file system with python3, pytest, git and patch
+from the apt mirror (cached under ~/.cache/crl/swe-rootfs), `docker import` it as
+crl-gym/swe-base:bookworm, then add the toy repository at /testbed. Needs root, debootstrap
+and a running Docker daemon. Steps whose result is there are skipped.
+"""
+
+
+def build_image(args: argparse.Namespace) -> int:
+    """``crl swe build-image toy``: the toy task's image, built offline."""
+    from crl_envs.swebench.images import ImageBuildError, ensure_toy_image
+    from crl_envs.swebench.sandbox import SandboxError, docker_client
+
+    try:
+        image = ensure_toy_image(docker_client(), rootfs=Path(args.rootfs) if args.rootfs else None,
+                                 mirror=args.mirror, rebuild=args.rebuild,
+                                 log=lambda line: print(line, file=sys.stderr))
+    except (ImageBuildError, SandboxError) as err:
+        print(f"crl swe build-image: {err}", file=sys.stderr)
+        return 1
+    print(image)
+    return 0
 
 
 def select_tasks(tallies: dict[str, TaskTally], min_rate: float = 0.0, max_rate: float = 0.8,
@@ -42,6 +82,8 @@ def select_tasks(tallies: dict[str, TaskTally], min_rate: float = 0.0, max_rate:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.swe_command == "build-image":
+        return build_image(args)
     if not 0.0 <= args.min_rate < args.max_rate <= 1.0:
         print(f"crl swe filter: need 0 <= --min-rate < --max-rate <= 1, got {args.min_rate} and "
               f"{args.max_rate}.", file=sys.stderr)
