@@ -166,7 +166,9 @@ def _config(tiny, tmp_path, *overrides):
                                     f"warmstart.output_dir={tmp_path}/run/warmstart",
                                     "warmstart.episodes=3", "warmstart.extractor_samples=2",
                                     "warmstart.batch_size=2", "warmstart.lora.r=4",
-                                    "warmstart.lora.top_layers=1", *overrides])
+                                    "warmstart.lora.top_layers=1",
+                                    # the tiny tokenizer spells a reply in up to ~100 tokens
+                                    "actor.max_new_tokens=128", *overrides])
 
 
 def test_warmstart_writes_adapters_that_load_and_lower_the_loss(tiny, tmp_path):
@@ -254,7 +256,7 @@ def test_demo_warm_starts_trains_and_reports_before_and_after(tiny, tmp_path, mo
                            "run.steps=2", "run.tensorboard=false", "warmstart.episodes=2",
                            "warmstart.extractor_samples=1", "warmstart.epochs=1",
                            "warmstart.lora.top_layers=1", "warmstart.lora.r=4",
-                           "tasks.envs.0.kwargs.max_episode_steps=2", "actor.max_new_tokens=8",
+                           "tasks.envs.0.kwargs.max_episode_steps=2", "actor.max_new_tokens=128",
                            "extractor.max_new_tokens=8", "extractor.train_after=1"])
 
     monkeypatch.setattr(config, "load_config", small)
