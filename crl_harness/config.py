@@ -27,6 +27,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from crl_harness.assets import assets_dir
+
 __all__ = [
     "ConfigError",
     "EnvEntry",
@@ -40,11 +42,15 @@ __all__ = [
     "TrainConfig",
     "load_config",
     "config_to_dict",
-    "CONFIG_DIR",
+    "config_dir",
     "HELDOUT_RESERVED",
 ]
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "assets" / "configs"
+
+def config_dir() -> Path:
+    """The shipped configs (``assets/configs`` of the checkout or of an installed copy)."""
+    return assets_dir() / "configs"
+
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 HELDOUT_RESERVED = 10_000
@@ -297,10 +303,11 @@ def _resolve_path(path: str | Path) -> Path:
     p = Path(path)
     if p.exists():
         return p
-    for candidate in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml"):
+    shipped = config_dir()
+    for candidate in (shipped / p, shipped / f"{p}.yaml"):
         if candidate.exists():
             return candidate
-    known = ", ".join(sorted(q.stem for q in CONFIG_DIR.glob("*.yaml")))
+    known = ", ".join(sorted(q.stem for q in shipped.glob("*.yaml")))
     raise ConfigError(f"config '{path}' not found; give a YAML path or one of: {known}")
 
 

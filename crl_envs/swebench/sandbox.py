@@ -26,6 +26,7 @@ through files of the checkout (git configuration, symlinks, oversized files).
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import os
 import queue
@@ -172,7 +173,20 @@ class FileTooLargeError(ValueError):
 
 
 class UnisolatedSandboxWarning(UserWarning):
-    """``LocalSandbox`` runs the agent's commands on this host, with the user's permissions."""
+    """``LocalSandbox`` runs the agent's commands on this host, with the user's permissions
+    (shown once a process)."""
+
+
+@functools.cache
+def _warn_unisolated() -> None:
+    """Warn about ``LocalSandbox`` once a process: every env reset opens one, and Python's own
+    once-per-place memory is wiped whenever the warning filters change, which every subprocess
+    start does (``os.get_exec_path``), so a filter action of "once" would not hold."""
+    warnings.warn(
+        "LocalSandbox runs the agent's commands on this host, unisolated, with your user's "
+        "permissions; use DockerSandbox for untrusted agents.",
+        UnisolatedSandboxWarning, stacklevel=3,  # the code that made the LocalSandbox
+    )
 
 
 @dataclass
@@ -518,11 +532,7 @@ class LocalSandbox(Sandbox):
     def __init__(self, source: str | os.PathLike, base_commit: str | None = None,
                  workdir: str | os.PathLike | None = None,
                  env: dict[str, str] | None = None) -> None:
-        warnings.warn(
-            "LocalSandbox runs the agent's commands on this host, unisolated, with your user's "
-            "permissions; use DockerSandbox for untrusted agents.",
-            UnisolatedSandboxWarning, stacklevel=2,
-        )
+        _warn_unisolated()
         source = Path(source)
         if not source.is_dir():
             raise SandboxError(f"LocalSandbox source {source} is not a directory.")

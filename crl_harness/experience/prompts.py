@@ -1,9 +1,9 @@
 """Prompt templates of the experience extractor.
 
-The canonical files live in ``assets/prompts/`` of the checkout (one ``string.Template`` a file,
-``$name`` placeholders, so braces in transcripts need no escaping). ``load_prompt`` looks in
-``$CRL_PROMPTS_DIR`` first (a user's own templates, or the assets folder of an installed copy),
-then beside the package in the checkout.
+The canonical files live in ``assets/prompts/`` (one ``string.Template`` a file, ``$name``
+placeholders, so braces in transcripts need no escaping). ``load_prompt`` looks in
+``$CRL_PROMPTS_DIR`` first (a user's own templates), then in the shipped assets (the checkout's,
+or an installed copy's: ``crl_harness.assets``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from string import Template
+
+from crl_harness.assets import assets_dir
 
 __all__ = ["PromptNotFoundError", "prompt_dirs", "load_prompt"]
 
@@ -24,8 +26,7 @@ def prompt_dirs() -> list[Path]:
     dirs = []
     if os.environ.get("CRL_PROMPTS_DIR"):
         dirs.append(Path(os.environ["CRL_PROMPTS_DIR"]).expanduser())
-    # <checkout>/crl_harness/experience/prompts.py -> <checkout>/assets/prompts
-    dirs.append(Path(__file__).resolve().parents[2] / "assets" / "prompts")
+    dirs.append(assets_dir() / "prompts")
     return dirs
 
 
@@ -43,4 +44,4 @@ def load_prompt(name: str) -> Template:
     searched = ", ".join(str(d) for d in prompt_dirs())
     raise PromptNotFoundError(
         f"Prompt template '{name}.txt' not found (searched: {searched}). Set $CRL_PROMPTS_DIR to "
-        "a folder holding it (the checkout's assets/prompts has the defaults).")
+        "a folder holding it (crl-gym's assets/prompts has the defaults).")

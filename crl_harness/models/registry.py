@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from crl_envs.data import cache_dir
+from crl_harness.assets import assets_dir
 from crl_harness.models.base import ModelBackend, ModelNotFoundError
 
 __all__ = ["PackagedModel", "MODELS", "resolve_model", "resolve_model_path", "load_backend"]
-
-CHECKOUT = Path(__file__).resolve().parents[2]  # where the shipped assets/ lie
 
 
 @dataclass(frozen=True)
@@ -106,15 +105,15 @@ def resolve_model(name: str) -> Path:
 
 def resolve_model_path(name_or_path: str) -> str:
     """A short name becomes its cached checkpoint; ``assets/...`` that is not a path from here
-    is the checkout's (the shipped warm starts, from any working directory); anything else
-    (path, hub id) passes through."""
+    is crl-gym's (the shipped warm starts, from any working directory, checkout or installed
+    wheel); anything else (path, hub id) passes through."""
     if name_or_path in MODELS:
         return str(resolve_model(name_or_path))
-    shipped = CHECKOUT / name_or_path
     if name_or_path.startswith("assets/") and not Path(name_or_path).exists():
+        shipped = assets_dir() / name_or_path.removeprefix("assets/")
         if not shipped.exists():
             raise ModelNotFoundError(
-                f"{name_or_path} does not exist (here or in {CHECKOUT}); a warm start writes it: "
+                f"{name_or_path} does not exist (here or in {assets_dir()}); a warm start writes it: "
                 "run crl warmstart CONFIG (its warmstart.output_dir), e.g. crl warmstart cpu-demo.")
         return str(shipped)
     return name_or_path

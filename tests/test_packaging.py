@@ -1,0 +1,122 @@
+"""The shipped assets (configs, prompts, warm starts) from a checkout and from an installed wheel."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+
+import crl_harness.assets as assets
+from crl_harness.assets import AssetsNotFoundError, assets_dir
+from crl_harness.models.registry import resolve_model_path
+
+ROOT = Path(__file__).resolve().parents[1]
+WARM_START = "assets/warmstart/cpu-demo/actor"
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The environment minus PYTHONPATH, so a child imports what its interpreter has installed."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
+def test_assets_dir_is_the_checkouts():
+    assert assets_dir() == ROOT / "assets"
+
+
+def test_warm_start_spec_resolves_from_another_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert Path(resolve_model_path(WARM_START)) == ROOT / WARM_START
+    # A path that exists from here is the user's own and wins over the shipped one.
+    (tmp_path / WARM_START).mkdir(parents=True)
+    assert resolve_model_path(WARM_START) == WARM_START
+
+
+def test_hardening_no_assets_anywhere_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(assets, "_checkout_assets", lambda: None)
+    monkeypatch.setattr(assets, "_installed_assets", lambda: None)
+    assets_dir.cache_clear()
+    try:
+        with pytest.raises(AssetsNotFoundError, match="reinstall crl-gym"):
+            assets_dir()
+    finally:
+        assets_dir.cache_clear()
+
+
+WHEEL_CHECKS = textwrap.dedent(f"""
+    import sys
+    from pathlib import Path
+
+    import gymnasium
+
+    import crl_envs  # noqa: F401  (registers the CRL ids)
+    import crl_harness
+    from crl_harness.assets import assets_dir
+    from crl_harness.config import load_config
+    from crl_harness.experience.prompts import load_prompt
+    from crl_harness.models.registry import resolve_model_path
+
+    assert Path(crl_harness.__file__).is_relative_to(sys.prefix), crl_harness.__file__
+    assert Path(assets_dir()).is_relative_to(sys.prefix), assets_dir()
+    assert load_config("cpu-demo").actor.model == "hf:{WARM_START}"
+    assert "$transcript" in load_prompt("experience_distill").template
+    assert (Path(resolve_model_path("{WARM_START}")) / "adapter_config.json").is_file()
+    env = gymnasium.make("CRL/Sokoban-v0")
+    env.reset(seed=0)
+    print("wheel checks ok")
+""")
+
+
+@pytest.mark.slow
+def test_wheel_installs_assets_that_an_installed_copy_finds(tmp_path):
+    """Build the wheel, install it (no dependencies: this venv's are reused) into a fresh venv,
+    and use configs, prompts, the warm start and an env from elsewhere."""
+    # A copy, so the build's build/ and egg-info folders (which keep stale files) stay out of the
+    # checkout; no build isolation: setuptools is installed, and no index is needed.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "runs", "*.egg-info", "__pycache__", ".*_cache"))
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(dist), str(source)], check=True, cwd=tmp_path,
+                   env=_clean_env())
+    wheel = next(dist.glob("crl_gym-*.whl"))
+    target = tmp_path / "venv"
+    venv.create(target, with_pip=False)
+    python = target / "bin" / "python"
+    # --ignore-installed: the editable crl-gym of this venv is left alone, the wheel shadows it.
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-deps", "--ignore-installed", str(wheel)],
+                   check=True, cwd=tmp_path, env=_clean_env())
+    # The dependencies come from this venv (a venv's --system-site-packages would be the base
+    # interpreter's): its folders go after the new venv's own on sys.path. Plain paths in a .pth
+    # file do not run this venv's .pth hooks, so its editable crl-gym finder stays out.
+    child_site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                                check=True, capture_output=True, text=True).stdout.strip()
+    Path(child_site, "parent_venv.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    elsewhere = tmp_path / "project"
+    elsewhere.mkdir()
+
+    shipped = {p.relative_to(ROOT / "assets") for p in (ROOT / "assets").rglob("*") if p.is_file()}
+    installed_root = Path(subprocess.run(
+        [str(python), "-c", "from crl_harness.assets import assets_dir; print(assets_dir())"],
+        check=True, capture_output=True, text=True, cwd=elsewhere, env=_clean_env()).stdout.strip())
+    installed = {p.relative_to(installed_root) for p in installed_root.rglob("*") if p.is_file()}
+    assert shipped == installed  # pyproject's data-files miss nothing (a new warm start folder)
+
+    checks = subprocess.run([str(python), "-c", WHEEL_CHECKS], capture_output=True, text=True,
+                            cwd=elsewhere, env=_clean_env())
+    assert checks.returncode == 0, checks.stderr
+    assert "wheel checks ok" in checks.stdout
+    run = subprocess.run([str(target / "bin" / "crl"), "eval", "--agent", "scripted", "--envs",
+                          "CRL/Sokoban-v0", "--episodes", "3", "--no-progress"],
+                         capture_output=True, text=True, cwd=elsewhere, env=_clean_env())
+    assert run.returncode == 0, run.stderr
+    assert "CRL/Sokoban-v0" in run.stdout
