@@ -7,7 +7,7 @@ All ids are registered in ``register_envs`` below, one readable table.
 
 from __future__ import annotations
 
-from gymnasium.envs.registration import register, registry
+from gymnasium.envs.registration import WrapperSpec, register, registry
 
 from crl_envs.base import TEXT_CHARSET, TextEnv, Transition
 
@@ -29,7 +29,10 @@ _TABLE: list[dict] = [
     dict(id="CRL/WebShop-v0", entry_point="crl_envs.webshop.env:WebShopEnv",
          max_episode_steps=10, kwargs={}),
     dict(id="CRL/ALFWorld-v0", entry_point="crl_envs.alfworld.env:ALFWorldEnv",
-         max_episode_steps=30, kwargs={}),
+         max_episode_steps=30, kwargs={},
+         # hands gym.make's max_episode_steps to the env's -1 budget (applied after TimeLimit)
+         additional_wrappers=(WrapperSpec("StepBudgetFromTimeLimit",
+                                          "crl_envs.alfworld.env:StepBudgetFromTimeLimit", {}),)),
     dict(id="CRL/SWEBench-v0", entry_point="crl_envs.swebench.env:SWEBenchEnv",
          max_episode_steps=50, kwargs={}),
     dict(id="CRL/SWEBenchToy-v0", entry_point="crl_envs.swebench.env:SWEBenchEnv",

@@ -1,17 +1,18 @@
 """The text-environment contract shared by every CRL env.
 
 Holds:
-- ``TEXT_CHARSET``: the characters a CRL observation or action may contain.
+- ``TEXT_CHARSET``: the printable characters a CRL text space samples from.
+- ``UnicodeText``: the observation and action space: any ``str`` of allowed length, sampled from
+  ``TEXT_CHARSET``.
 - ``Transition``: what one env step produced, before the contract turns it into gymnasium's tuple.
 - ``TextEnv``: the base class. A subclass implements ``_reset`` and ``_step`` and gets, for free,
-  the Text spaces, the info keys, invalid actions as no-op steps, the binary/score reward,
+  the text spaces, the info keys, invalid actions as no-op steps, the binary/score reward,
   type checks, ``ResetNeeded`` and ``render_mode="ansi"``.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,14 +20,15 @@ import gymnasium as gym
 from gymnasium.error import ResetNeeded
 from gymnasium.spaces import Text
 
-__all__ = ["TEXT_CHARSET", "MAX_TEXT_LENGTH", "MAX_ACTION_LENGTH", "Transition", "TextEnv", "sanitize_text"]
+__all__ = ["TEXT_CHARSET", "MAX_TEXT_LENGTH", "MAX_ACTION_LENGTH", "UnicodeText", "Transition",
+           "TextEnv"]
 
 
 def _printable_charset() -> str:
     """Every printable character of the Basic Multilingual Plane, plus newline and tab.
 
-    The envs emit real-world text (product pages, tool output, source code), so the charset is
-    Unicode-wide rather than gymnasium's default alphanumerics.
+    The envs emit real-world text (product pages, tool output, source code), so samples are drawn
+    from a Unicode-wide charset rather than gymnasium's default alphanumerics.
     """
     chars = ["\n", "\t"]
     for code in range(0x20, 0x10000):
@@ -37,48 +39,58 @@ def _printable_charset() -> str:
 
 
 TEXT_CHARSET: str = _printable_charset()
-_CHARSET_SET = frozenset(TEXT_CHARSET)
 MAX_TEXT_LENGTH: int = 1_000_000
 # Actions a model writes are short; the env still accepts (and rejects) longer strings, but the
 # space is what an agent should sample from (and check_env samples it).
 MAX_ACTION_LENGTH: int = 10_000
-REPLACEMENT_CHAR = "\ufffd"
 
 
-def _excluded_pattern() -> re.Pattern[str]:
-    """One regex class of every character outside ``TEXT_CHARSET`` (searching it runs in C)."""
-    ranges, start = [], None
-    for code in range(0x10000):
-        excluded = chr(code) not in _CHARSET_SET
-        if excluded and start is None:
-            start = code
-        elif not excluded and start is not None:
-            ranges.append((start, code - 1))
-            start = None
-    if start is not None:
-        ranges.append((start, 0xFFFF))
-    parts = [re.escape(chr(a)) + ("-" + re.escape(chr(b)) if b > a else "") for a, b in ranges]
-    return re.compile("[" + "".join(parts) + "\U00010000-\U0010FFFF]")
+class UnicodeText(Text):
+    """A ``Text`` space that contains every ``str`` of allowed length, whatever its characters.
+
+    The envs show real text exactly as the benchmark has it (a no-break space in a WebShop option,
+    emoji in a product description, a control byte in tool output), so membership checks only
+    the type and the length; ``sample`` still draws from the charset (printable characters).
+
+    A deep copy shares the charset tables, which are read-only and large (gymnasium indexes every
+    character), and copies only the sampling RNG: envs are copied often (tree search).
+
+    Example:
+        >>> space = UnicodeText(max_length=8, min_length=0, charset="abc")
+        >>> space.contains("a\xa0\U0001f600"), space.contains("x" * 9), space.contains(b"ab")
+        (True, False, False)
+        >>> set(space.sample()) <= set("abc")
+        True
+    """
+
+    def contains(self, x: Any) -> bool:
+        """Any ``str`` whose length is within ``[min_length, max_length]``."""
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def __eq__(self, other: Any) -> bool:
+        # a plain Text with the same charset is a different (narrower) space
+        return isinstance(other, UnicodeText) and super().__eq__(other)
+
+    def __repr__(self) -> str:
+        # Text's repr spells out the charset: tens of thousands of characters here
+        return (f"UnicodeText({self.min_length}, {self.max_length}, samples from "
+                f"{len(self.character_list)} characters)")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> UnicodeText:
+        clone = copy.copy(self)
+        memo[id(self)] = clone
+        clone._np_random = copy.deepcopy(self._np_random, memo)
+        return clone
 
 
-_EXCLUDED = _excluded_pattern()
-
-
-def sanitize_text(text: str) -> str:
-    """Map characters outside ``TEXT_CHARSET`` (control bytes, astral emoji) to U+FFFD."""
-    if _EXCLUDED.search(text) is None:
-        return text
-    return _EXCLUDED.sub(REPLACEMENT_CHAR, text)
-
-
-# Building a Text space over the 60k-character charset takes ~0.2 s (gymnasium indexes every
+# Building a space over the 60k-character charset takes ~0.2 s (gymnasium indexes every
 # character), so the spaces are built once and each env gets a shallow copy: the read-only
 # charset tables are shared, the sampling RNG is the env's own.
-_OBSERVATION_SPACE = Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=TEXT_CHARSET)
-_ACTION_SPACE = Text(max_length=MAX_ACTION_LENGTH, min_length=0, charset=TEXT_CHARSET)
+_OBSERVATION_SPACE = UnicodeText(max_length=MAX_TEXT_LENGTH, min_length=0, charset=TEXT_CHARSET)
+_ACTION_SPACE = UnicodeText(max_length=MAX_ACTION_LENGTH, min_length=0, charset=TEXT_CHARSET)
 
 
-def _fresh_copy(space: Text) -> Text:
+def _fresh_copy(space: UnicodeText) -> UnicodeText:
     clone = copy.copy(space)
     clone._np_random = None  # seeded lazily on first use, like a new space
     return clone
@@ -213,7 +225,6 @@ class TextEnv(gym.Env[str, str]):
         return self.success_reward if result.won else self.failure_reward
 
     def _emit(self, observation: str, valid: bool, extra: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        observation = sanitize_text(observation)
         self._last_observation = observation
         info: dict[str, Any] = {
             "task": self.task,

@@ -20,7 +20,7 @@ from conftest import require_data
 import crl_envs  # noqa: F401  (registers the ids)
 from crl_envs.alfworld import data as alfworld_data
 from crl_envs.alfworld.data import Game, list_games, parse_task_types
-from crl_envs.alfworld.env import NOTHING_HAPPENS, ALFWorldEnv
+from crl_envs.alfworld.env import NOTHING_HAPPENS, ALFWorldEnv, StepBudgetFromTimeLimit
 from crl_envs.alfworld.oracle import ALFWorldExpert
 from crl_envs.errors import UserFacingError
 from crl_envs.oracles import make_oracle
@@ -128,11 +128,37 @@ def test_out_of_steps_pays_minus_one_on_the_last_step(unseen):
         assert truncated == (step == limit - 1)
         assert reward == (-1.0 if truncated else 0.0)
     score_env = gym.make(ENV_ID, split="eval_out_of_distribution", reward_mode="score",
-                         max_episode_steps=3, step_budget=3)
+                         max_episode_steps=3)
     score_env.reset(seed=3)
     rewards = [score_env.step("inventory")[1] for _ in range(3)]
     assert rewards == [0.0, 0.0, 0.0] and score_env.unwrapped.elapsed_steps == 3
     score_env.close()
+
+
+def test_make_max_episode_steps_moves_the_minus_one_budget():
+    require_data("alfworld", "valid.txz")
+    env = gym.make(ENV_ID, split="eval_out_of_distribution", max_episode_steps=4)
+    assert env.unwrapped.step_budget == 4
+    env.reset(seed=3)
+    steps = [env.step("look")[1:4] for _ in range(4)]
+    assert steps == [(0.0, False, False)] * 3 + [(-1.0, False, True)]
+    env.close()
+    # the spec remakes the same env; the registered limit is the default budget
+    assert gym.make(env.spec).unwrapped.step_budget == 4
+    assert gym.make(ENV_ID, split="eval_out_of_distribution").unwrapped.step_budget == 30
+    # no TimeLimit, no budget; an explicit step_budget wins over the limit
+    assert gym.make(ENV_ID, split="eval_out_of_distribution",
+                    max_episode_steps=-1).unwrapped.step_budget is None
+    assert gym.make(ENV_ID, split="eval_out_of_distribution", max_episode_steps=9,
+                    step_budget=3).unwrapped.step_budget == 3
+    assert ALFWorldEnv(split="eval_out_of_distribution").step_budget is None
+
+
+def test_hardening_step_budget_wrapper_refuses_other_envs():
+    sokoban = gym.make("CRL/Sokoban-v0")
+    with pytest.raises(TypeError, match="wraps ALFWorldEnv"):
+        StepBudgetFromTimeLimit(sokoban)
+    sokoban.close()
 
 
 def test_expert_wins_seeded_train_games():

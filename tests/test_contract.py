@@ -13,10 +13,11 @@ import warnings
 import gymnasium as gym
 import pytest
 from conftest import skip_without_extra
+from gymnasium.spaces import Text
 from gymnasium.utils.env_checker import check_env
 
 import crl_envs
-from crl_envs.base import TextEnv
+from crl_envs.base import MAX_ACTION_LENGTH, MAX_TEXT_LENGTH, TEXT_CHARSET, TextEnv
 from crl_envs.errors import UserFacingError
 
 # Envs whose every step runs a real engine process (textworld, a shell): their garbage-action
@@ -104,6 +105,32 @@ def test_info_keys_reset_determinism_and_types(env_id):
         env.step(None)
     with pytest.raises(TypeError):
         env.step(b"up")
+    env.close()
+
+
+def test_text_spaces_hold_any_text_and_sample_printable_characters():
+    env = gym.make("CRL/Sokoban-v0")
+    obs, _ = env.reset(seed=0)
+    for text in (obs + "\n\U0001f600\U0001f916", "65x43\xa0cm", "\x00\x1b[0m", "\ud800", ""):
+        assert text in env.observation_space and text in env.action_space
+    env.action_space.seed(0)
+    sample = env.action_space.sample()
+    assert sample and all(c.isprintable() or c in "\n\t" for c in sample)
+    # a plain Text over the same charset is a different (narrower) space
+    assert env.observation_space != Text(MAX_TEXT_LENGTH, min_length=0, charset=TEXT_CHARSET)
+    assert env.observation_space == env.unwrapped.observation_space
+    assert len(repr(env.observation_space)) < 200
+    env.close()
+
+
+def test_hardening_text_spaces_reject_what_is_not_text_of_allowed_length():
+    env = gym.make("CRL/Sokoban-v0")
+    env.reset(seed=0)
+    for value in (b"up", None, 3, ["up"], "x" * (MAX_ACTION_LENGTH + 1)):
+        assert value not in env.action_space
+    assert "x" * (MAX_TEXT_LENGTH + 1) not in env.observation_space
+    with pytest.raises(TypeError, match="actions are str"):
+        env.step(b"\xf0\x9f\x98\x80")
     env.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 import warnings
 from collections import deque
@@ -201,6 +202,30 @@ def test_winning_gives_reward_one_and_terminates():
     assert reward == 1.0 and terminated and not truncated and info["won"] and info["score"] == 1.0
     assert "solved" in obs
     assert Level.from_text(obs).is_solved
+
+
+def test_a_deep_copy_steps_independently_of_the_original():
+    """Tree search copies envs: a copy has its own level, step count and sampling RNG, and shares
+    only the read-only charset tables of the text spaces."""
+    env = gym.make("CRL/Sokoban-v0", render_mode="ansi")
+    start, _ = env.reset(options={"level": "# # # # # # #\n# P X _ O _ #\n# _ X _ O _ #\n# # # # # # #"})
+    env.action_space.seed(0)
+    clone = copy.deepcopy(env)
+    assert clone.unwrapped is not env.unwrapped
+    assert clone.observation_space.character_list is env.observation_space.character_list
+    # the copy wins while the original has not moved
+    obs, reward, terminated, *_ = play(clone, "right", "right", "left", "left", "down", "right",
+                                       "right")
+    assert reward == 1.0 and terminated and Level.from_text(obs).is_solved
+    assert env.render() == start and not env.unwrapped.level.is_solved
+    # the original moves on its own; the copy's finished episode is untouched
+    obs, reward, terminated, truncated, info = env.step("down")
+    assert info["action_valid"] and grid_of(obs) != grid_of(start) and not terminated
+    assert clone.render().endswith("solved!") and Level.from_text(clone.render()).is_solved
+    # the copy's seven steps did not count against the original's TimeLimit
+    assert [env.step("up")[3] for _ in range(29)] == [False] * 28 + [True]
+    # the sampling RNG was copied, not shared: both draw the same next sample
+    assert clone.action_space.sample() == env.action_space.sample()
 
 
 def test_truncation_at_thirty_steps_is_not_termination():

@@ -168,6 +168,28 @@ def test_item_page_options_subpages_and_new_search(env):
     assert obs.startswith("WebShop [SEP] Instruction:")
 
 
+def test_pages_show_the_product_text_exactly_no_break_spaces_and_emoji_included(env):
+    """Upstream's page text reaches the observation unchanged (no U+FFFD for what is not in the
+    sampling charset): a no-break space in an option value, emoji in a description."""
+    env.reset(options={"task_id": 0})
+    obs, *_, info = env.step("search[disney castle 3d window decal wall sticker]")
+    assert "click[b073p9z1k9]" in info["admissible_actions"]
+    obs, *_, info = env.step("click[b073p9z1k9]")
+    option = '65x43\xa0cm\xa0(25.5"x17" inches)'
+    assert option in env.unwrapped.site.product["options"]["size"]
+    assert f" [SEP] {option} [SEP] " in obs and "\ufffd" not in obs
+    assert f"click[{option}]" in info["admissible_actions"]
+    obs, *_, info = env.step(f"click[{option}]")
+    assert info["action_valid"] and env.unwrapped.site.options == {"size": option}
+    obs, *_, info = env.step("search[mulyyds computer desk with drawers]")
+    obs, *_, info = env.step("click[b09ptqfbnt]")
+    obs, *_, info = env.step("click[description]")
+    description = env.unwrapped.site.product["Description"].strip()
+    assert "\U0001f310" in description and "\xa0\U0001f449" in description  # 🌐, 👉
+    assert obs.endswith(f"Back to Search [SEP] < Prev [SEP] {description}")
+    assert obs in env.observation_space
+
+
 def test_buying_ends_with_binary_or_score_reward(data):
     for mode in ("binary", "score"):
         env = gym.make(ENV_ID, reward_mode=mode)

@@ -52,10 +52,12 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
     truncated), ``retriever.report_outcome(ids, score)`` is called once, if the retriever has it;
     the score is 1 for a win, else ``info["score"]``.
 
-    The observation space is the env's: retrieved text is model output, so in the observation
-    (and its separators) a character outside a ``Text`` space's charset becomes U+FFFD (or ``?``,
-    or is dropped, whichever the charset allows), and the block is cut to the room the space's
-    ``max_length`` leaves; ``info["experience"]`` keeps the text as retrieved.
+    The observation space is the env's: in the observation the block is cut to the room a
+    ``Text`` space's ``max_length`` leaves, and kept as retrieved otherwise (the CRL envs' space
+    accepts any character). Only where a space still rejects it (a foreign env whose ``Text``
+    charset is narrow) do the characters outside that charset become U+FFFD (or ``?``, or are
+    dropped, whichever the charset allows); ``info["experience"]`` always keeps the text as
+    retrieved.
 
     Example:
         >>> import gymnasium as gym, crl_envs
@@ -133,15 +135,17 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
 
 
 def _prepend_within(space: gym.Space, block: str, observation: str, separator: str = "\n\n") -> str:
-    """``block + separator + observation``, with the block cut and both mapped so that the
-    result stays in ``space`` when it is a ``Text`` space (other spaces are not the wrapper's to
-    judge); with no room left the observation comes alone."""
+    """``block + separator + observation``, with the block cut to stay in ``space`` when it is a
+    ``Text`` space (other spaces are not the wrapper's to judge), and its characters mapped only
+    if the space still rejects them; with no room left the observation comes alone."""
     if not isinstance(space, Text):
         return f"{block}{separator}{observation}"
     room = space.max_length - len(observation) - len(separator)
     if room <= 0:
         return observation
+    prefix = block[:room] + separator
+    if space.contains(prefix + observation):
+        return prefix + observation
     charset = space.character_set
     substitute = next((c for c in ("\ufffd", "?") if c in charset), "")
-    prefix = block[:room] + separator
     return "".join(c if c in charset else substitute for c in prefix) + observation

@@ -1,6 +1,7 @@
 """``ALFWorldEnv``: ALFWorld's text household tasks on the real engine (``CRL/ALFWorld-v0``).
 
-Holds ``ALFWorldEnv``. The engine is TextWorld's ``PddlEnv`` (PDDL planning state through
+Holds ``ALFWorldEnv`` and ``StepBudgetFromTimeLimit`` (the registration's wrapper that hands the
+env its ``TimeLimit``). The engine is TextWorld's ``PddlEnv`` (PDDL planning state through
 fast-downward) wrapped in alfworld's ``AlfredDemangler(shuffle=False)`` and ``AlfredInfos``, which
 is what upstream's ``AlfredTWEnv`` plays, minus its game-list scan and batch machinery.
 
@@ -13,10 +14,10 @@ Rules worth knowing (also in ``instructions``):
   ``info["action_valid"] = False`` (the engine is not even called: it would do nothing).
 - Reward (the paper's): +1 on the step that completes the task (``terminated``), -1 on the step
   that exhausts the step budget without success, 0 otherwise. Running out of steps is gymnasium's
-  ``TimeLimit`` (30 in the registration) and the env cannot see that wrapper, so it counts its
-  own steps against ``step_budget`` (default: the registered ``max_episode_steps``); give both the
-  same number when you change the limit. ``reward_mode="score"`` pays the engine's score (1 won,
-  0 not) on those steps instead.
+  ``TimeLimit`` (30 in the registration); the env cannot see that wrapper, so it counts its own
+  steps against its budget: ``step_budget`` if given, else the limit of the ``TimeLimit`` that
+  ``gym.make`` applied (``gym.make(..., max_episode_steps=N)`` moves both), else none.
+  ``reward_mode="score"`` pays the engine's score (1 won, 0 not) on those steps instead.
 - Splits (``split=`` or ``options={"split": ...}``): ``train`` (1,465 games, one per task
   folder), ``train_all`` (3,553), ``eval_in_distribution`` (valid_seen, 140) and
   ``eval_out_of_distribution`` (valid_unseen, 134, the paper's held-out set); ``task_types=``
@@ -43,7 +44,7 @@ from crl_envs.alfworld.data import SPLITS, Game, list_games, parse_task_types
 from crl_envs.base import TextEnv, Transition
 from crl_envs.errors import UserFacingError
 
-__all__ = ["ALFWorldEnv", "NOTHING_HAPPENS"]
+__all__ = ["ALFWorldEnv", "StepBudgetFromTimeLimit", "NOTHING_HAPPENS"]
 
 NOTHING_HAPPENS = "Nothing happens."
 TASK_PREFIX = "Your task is to:"
@@ -63,8 +64,8 @@ class ALFWorldEnv(TextEnv):
             ``cool``, ``pick_two``); ``None`` keeps all.
         data_dir: a folder holding the games (see ``crl_envs.alfworld.data``); ``None`` resolves.
         step_budget: the step on which an unfinished episode pays the failure reward; ``None``
-            takes the registered ``max_episode_steps``, and an env made without a registration
-            has no budget.
+            takes the limit of the ``TimeLimit`` ``gym.make`` applied (its ``max_episode_steps``),
+            and an env made without ``gym.make`` (or with ``max_episode_steps=-1``) has no budget.
         render_mode: ``None`` or ``"ansi"``.
         reward_mode: ``"binary"`` (+1 won, -1 out of steps) or ``"score"`` (1 won, 0 not).
 
@@ -121,6 +122,7 @@ class ALFWorldEnv(TextEnv):
         self.task_types = parse_task_types(task_types)
         self.data_dir = data_dir
         self._step_budget = step_budget
+        self._time_limit: int | None = None  # set by StepBudgetFromTimeLimit
         self._games: dict[str, list[Game]] = {}
         self.games(self.split)  # a missing dataset or an empty filter fails here, not at reset
         self._engine: Any = None
@@ -241,18 +243,21 @@ class ALFWorldEnv(TextEnv):
             info={"game_id": self.game.game_id},
         )
 
+    @property
+    def step_budget(self) -> int | None:
+        """The step on which an unfinished episode pays the failure reward (``None``: never)."""
+        return self._step_budget if self._step_budget is not None else self._time_limit
+
+    def follow_time_limit(self, max_episode_steps: int | None) -> None:
+        """Take a ``TimeLimit``'s ``max_episode_steps`` as the budget (unless ``step_budget`` was
+        given): the step that truncates is the one that pays the failure reward."""
+        self._time_limit = max_episode_steps
+
     def _reward(self, result: Transition, terminated: bool) -> float:
-        budget = self._budget()
+        budget = self.step_budget
         if terminated or budget is None or self._steps < budget:
             return super()._reward(result, terminated)
         return self.failure_reward if self.reward_mode == "binary" else self._score
-
-    def _budget(self) -> int | None:
-        if self._step_budget is not None:
-            return self._step_budget
-        if self.spec is not None and self.spec.id in gym.registry:
-            return gym.spec(self.spec.id).max_episode_steps
-        return None
 
     def close(self) -> None:
         """Free the engine's planning state and drop the game (a later reset starts afresh).
@@ -268,6 +273,34 @@ class ALFWorldEnv(TextEnv):
         self._state = None
         self._needs_reset = True
         super().close()
+
+
+class StepBudgetFromTimeLimit(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
+    """Give ``ALFWorldEnv`` the limit of the ``TimeLimit`` under this wrapper as its step budget.
+
+    ``gym.make`` builds the env with a spec that has no ``max_episode_steps`` and puts
+    ``TimeLimit`` outside it, so the env cannot know the limit it runs under. The registration
+    lists this wrapper in ``additional_wrappers``, which ``gym.make`` applies after
+    ``TimeLimit``: ``gym.make("CRL/ALFWorld-v0", max_episode_steps=N)`` then pays -1 on step N
+    without a second argument. It changes no observation, reward or flag itself.
+
+    Example:
+        >>> import gymnasium as gym, crl_envs
+        >>> env = gym.make("CRL/ALFWorld-v0", split="eval_out_of_distribution", max_episode_steps=5)
+        >>> env.unwrapped.step_budget, env.spec.max_episode_steps
+        (5, 5)
+        >>> env.close()
+    """
+
+    def __init__(self, env: gym.Env[str, str]) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+        # The TimeLimit wrapper's spec carries its max_episode_steps (None without one).
+        limit = env.spec.max_episode_steps if env.spec is not None else None
+        follow = getattr(env.unwrapped, "follow_time_limit", None)
+        if follow is None:
+            raise TypeError(f"StepBudgetFromTimeLimit wraps ALFWorldEnv, not {env.unwrapped!r}.")
+        follow(limit)
 
 
 def _check_split(split: str) -> str:
