@@ -13,6 +13,11 @@ from crl_envs.base import TEXT_CHARSET, TextEnv, Transition
 
 __all__ = ["TEXT_CHARSET", "TextEnv", "Transition", "ENV_IDS", "register_envs"]
 
+# Hands gym.make's max_episode_steps to envs that act on their last step (applied after
+# TimeLimit): ALFWorld's -1 budget, SWE-bench's forced submission.
+_FOLLOW_TIME_LIMIT = WrapperSpec("StepBudgetFromTimeLimit",
+                                 "crl_envs.base:StepBudgetFromTimeLimit", {})
+
 # Step limits: the paper's released settings (30 turns for MiniHack, Sokoban and ALFWorld,
 # 10 for WebShop, 50 for SWE).
 _TABLE: list[dict] = [
@@ -31,12 +36,12 @@ _TABLE: list[dict] = [
     dict(id="CRL/ALFWorld-v0", entry_point="crl_envs.alfworld.env:ALFWorldEnv",
          max_episode_steps=30, kwargs={},
          # hands gym.make's max_episode_steps to the env's -1 budget (applied after TimeLimit)
-         additional_wrappers=(WrapperSpec("StepBudgetFromTimeLimit",
-                                          "crl_envs.alfworld.env:StepBudgetFromTimeLimit", {}),)),
+         additional_wrappers=(_FOLLOW_TIME_LIMIT,)),
     dict(id="CRL/SWEBench-v0", entry_point="crl_envs.swebench.env:SWEBenchEnv",
-         max_episode_steps=50, kwargs={}),
+         max_episode_steps=50, kwargs={}, additional_wrappers=(_FOLLOW_TIME_LIMIT,)),
     dict(id="CRL/SWEBenchToy-v0", entry_point="crl_envs.swebench.env:SWEBenchEnv",
-         max_episode_steps=50, kwargs={"dataset": "toy", "sandbox": "local"}),
+         max_episode_steps=50, kwargs={"dataset": "toy", "sandbox": "local"},
+         additional_wrappers=(_FOLLOW_TIME_LIMIT,)),
 ]
 
 ENV_IDS: list[str] = [row["id"] for row in _TABLE]

@@ -8,6 +8,8 @@ Holds:
 - ``TextEnv``: the base class. A subclass implements ``_reset`` and ``_step`` and gets, for free,
   the text spaces, the info keys, invalid actions as no-op steps, the binary/score reward,
   type checks, ``ResetNeeded`` and ``render_mode="ansi"``.
+- ``StepBudgetFromTimeLimit``: the registration wrapper that tells an env the ``TimeLimit`` it
+  runs under (ALFWorld's -1 step, SWE-bench's forced submission).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import gymnasium as gym
 from gymnasium.error import ResetNeeded
 from gymnasium.spaces import Text
 
-__all__ = ["TEXT_CHARSET", "MAX_TEXT_LENGTH", "MAX_ACTION_LENGTH", "UnicodeText", "Transition",
+__all__ = ["StepBudgetFromTimeLimit", "TEXT_CHARSET", "MAX_TEXT_LENGTH", "MAX_ACTION_LENGTH", "UnicodeText", "Transition",
            "TextEnv"]
 
 
@@ -253,3 +255,32 @@ class TextEnv(gym.Env[str, str]):
         """Lower-case, strip and collapse whitespace; long strings are cut (they are invalid anyway)."""
         return " ".join(action[:max_chars].split()).lower()
 
+
+class StepBudgetFromTimeLimit(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
+    """Hand the limit of the ``TimeLimit`` under this wrapper to an env that acts on its last
+    step (``follow_time_limit``): ALFWorld pays -1 there, SWE-bench submits and grades there.
+
+    ``gym.make`` builds the env with a spec that has no ``max_episode_steps`` and puts
+    ``TimeLimit`` outside it, so the env cannot know the limit it runs under. The registration
+    lists this wrapper in ``additional_wrappers``, which ``gym.make`` applies after
+    ``TimeLimit``: ``gym.make(ID, max_episode_steps=N)`` then acts on step N without a second
+    argument. It changes no observation, reward or flag itself.
+
+    Example:
+        >>> import gymnasium as gym, crl_envs
+        >>> env = gym.make("CRL/ALFWorld-v0", split="eval_out_of_distribution", max_episode_steps=5)
+        >>> env.unwrapped.step_budget, env.spec.max_episode_steps
+        (5, 5)
+        >>> env.close()
+    """
+
+    def __init__(self, env: gym.Env[str, str]) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+        # The TimeLimit wrapper's spec carries its max_episode_steps (None without one).
+        limit = env.spec.max_episode_steps if env.spec is not None else None
+        follow = getattr(env.unwrapped, "follow_time_limit", None)
+        if follow is None:
+            raise TypeError(f"StepBudgetFromTimeLimit wraps an env with follow_time_limit "
+                            f"(ALFWorld, SWE-bench), not {env.unwrapped!r}.")
+        follow(limit)

@@ -20,8 +20,9 @@ from conftest import require_data
 import crl_envs  # noqa: F401  (registers the ids)
 from crl_envs.alfworld import data as alfworld_data
 from crl_envs.alfworld.data import Game, list_games, parse_task_types
-from crl_envs.alfworld.env import NOTHING_HAPPENS, ALFWorldEnv, StepBudgetFromTimeLimit
+from crl_envs.alfworld.env import NOTHING_HAPPENS, ALFWorldEnv
 from crl_envs.alfworld.oracle import ALFWorldExpert
+from crl_envs.base import StepBudgetFromTimeLimit
 from crl_envs.errors import UserFacingError
 from crl_envs.oracles import make_oracle
 
@@ -156,7 +157,7 @@ def test_make_max_episode_steps_moves_the_minus_one_budget():
 
 def test_hardening_step_budget_wrapper_refuses_other_envs():
     sokoban = gym.make("CRL/Sokoban-v0")
-    with pytest.raises(TypeError, match="wraps ALFWorldEnv"):
+    with pytest.raises(TypeError, match="wraps an env with follow_time_limit"):
         StepBudgetFromTimeLimit(sokoban)
     sokoban.close()
 

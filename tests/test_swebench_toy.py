@@ -112,6 +112,19 @@ def test_step_limit_submits_current_diff():
     env.close()
 
 
+def test_make_max_episode_steps_alone_moves_the_forced_submission():
+    # gym.make's max_episode_steps reaches the env (its spec has none): the step that truncates
+    # submits and grades, instead of a silent truncation with nothing graded.
+    env = make_env(max_episode_steps=2)
+    assert env.unwrapped._step_limit() == 2
+    env.reset(seed=0)
+    env.step(format_tool_call("bash", command="true"))
+    _, reward, terminated, truncated, info = env.step(format_tool_call("bash", command="true"))
+    assert truncated and info["submitted_by"] == "step_limit" and "resolved" in info
+    env.close()
+    assert make_env().unwrapped._step_limit() == 50
+
+
 def test_malformed_call_is_invalid_and_changes_nothing():
     env = make_env()
     env.reset(seed=0)

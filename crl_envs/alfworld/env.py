@@ -1,7 +1,7 @@
 """``ALFWorldEnv``: ALFWorld's text household tasks on the real engine (``CRL/ALFWorld-v0``).
 
-Holds ``ALFWorldEnv`` and ``StepBudgetFromTimeLimit`` (the registration's wrapper that hands the
-env its ``TimeLimit``). The engine is TextWorld's ``PddlEnv`` (PDDL planning state through
+Holds ``ALFWorldEnv`` (its registration's ``crl_envs.base.StepBudgetFromTimeLimit`` hands it
+the ``TimeLimit``). The engine is TextWorld's ``PddlEnv`` (PDDL planning state through
 fast-downward) wrapped in alfworld's ``AlfredDemangler(shuffle=False)`` and ``AlfredInfos``, which
 is what upstream's ``AlfredTWEnv`` plays, minus its game-list scan and batch machinery.
 
@@ -44,7 +44,7 @@ from crl_envs.alfworld.data import SPLITS, Game, list_games, parse_task_types
 from crl_envs.base import TextEnv, Transition
 from crl_envs.errors import UserFacingError
 
-__all__ = ["ALFWorldEnv", "StepBudgetFromTimeLimit", "NOTHING_HAPPENS"]
+__all__ = ["ALFWorldEnv", "NOTHING_HAPPENS"]
 
 NOTHING_HAPPENS = "Nothing happens."
 TASK_PREFIX = "Your task is to:"
@@ -273,34 +273,6 @@ class ALFWorldEnv(TextEnv):
         self._state = None
         self._needs_reset = True
         super().close()
-
-
-class StepBudgetFromTimeLimit(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
-    """Give ``ALFWorldEnv`` the limit of the ``TimeLimit`` under this wrapper as its step budget.
-
-    ``gym.make`` builds the env with a spec that has no ``max_episode_steps`` and puts
-    ``TimeLimit`` outside it, so the env cannot know the limit it runs under. The registration
-    lists this wrapper in ``additional_wrappers``, which ``gym.make`` applies after
-    ``TimeLimit``: ``gym.make("CRL/ALFWorld-v0", max_episode_steps=N)`` then pays -1 on step N
-    without a second argument. It changes no observation, reward or flag itself.
-
-    Example:
-        >>> import gymnasium as gym, crl_envs
-        >>> env = gym.make("CRL/ALFWorld-v0", split="eval_out_of_distribution", max_episode_steps=5)
-        >>> env.unwrapped.step_budget, env.spec.max_episode_steps
-        (5, 5)
-        >>> env.close()
-    """
-
-    def __init__(self, env: gym.Env[str, str]) -> None:
-        gym.utils.RecordConstructorArgs.__init__(self)
-        gym.Wrapper.__init__(self, env)
-        # The TimeLimit wrapper's spec carries its max_episode_steps (None without one).
-        limit = env.spec.max_episode_steps if env.spec is not None else None
-        follow = getattr(env.unwrapped, "follow_time_limit", None)
-        if follow is None:
-            raise TypeError(f"StepBudgetFromTimeLimit wraps ALFWorldEnv, not {env.unwrapped!r}.")
-        follow(limit)
 
 
 def _check_split(split: str) -> str:

@@ -125,6 +125,7 @@ class SWEBenchEnv(TextEnv):
         self.command_timeout = command_timeout
         self.eval_timeout = eval_timeout
         self.max_steps = max_steps
+        self._time_limit: int | None = None  # set by StepBudgetFromTimeLimit
         self.instances = load_instances(dataset, data_dir, task_ids)
         if not self.instances:
             raise ValueError(f"No SWE tasks selected from {dataset!r}.")
@@ -167,11 +168,14 @@ class SWEBenchEnv(TextEnv):
         return _TASK_PROMPT.format(repo_dir=self.sandbox.repo_dir,
                                    issue=self.instance["problem_statement"].strip())
 
+    def follow_time_limit(self, max_episode_steps: int | None) -> None:
+        """Take the ``TimeLimit``'s ``max_episode_steps`` (``StepBudgetFromTimeLimit`` of the
+        registration), so the submission happens on the step that truncates."""
+        self._time_limit = max_episode_steps
+
     def _step_limit(self) -> int | None:
         """The step of the forced submission: ``max_steps``, or the TimeLimit's if smaller."""
-        limits = [limit for limit in (self.max_steps,
-                                      getattr(self.spec, "max_episode_steps", None))
-                  if limit is not None]
+        limits = [limit for limit in (self.max_steps, self._time_limit) if limit is not None]
         return min(limits) if limits else None
 
     def _step(self, action: str) -> Transition:
