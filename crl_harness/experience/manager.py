@@ -10,7 +10,8 @@ Holds:
   - retrieval (the retriever protocol of ``wrappers.experience``): queries go to a queue, a
     batcher groups them (up to ``batch_size`` queries or ``batch_wait_s``; it does not wait when a
     search worker is idle) and ``search_workers`` threads serve the batches under the read lock;
-    a query that finds no queue and a free search slot is served in the caller's thread;
+    each batch is scored in one matrix product (``search_many``); a query that finds no queue
+    and a free search slot is served in the caller's thread;
   - distillation: ``submit`` queues a request; ``max_concurrent_extractions`` threads call the
     extractor (any callable ``prompt -> str`` or an object with ``.text``), parse its answer
     strictly and apply the operations under the write lock;
@@ -644,9 +645,9 @@ class ExperienceManager:
                 hits: list[list[tuple[str, float]]] = [[] for _ in queries]
             elif isinstance(index, DenseIndex):
                 vectors = self._embedder.encode([q.query for q in queries])  # type: ignore[union-attr]
-                hits = [index.search_vector(v, cfg.candidates) for v in vectors]
+                hits = index.search_many(vectors, cfg.candidates)
             else:
-                hits = [index.search(q.query, cfg.candidates) for q in queries]
+                hits = index.search_many([q.query for q in queries], cfg.candidates)
             results = []
             with self._rw.read():
                 now = time.time()
