@@ -13,14 +13,16 @@ Holds:
   recently retrieved entry demoted with probability ``demotion_prob``.
 
 Why bm25s and not rank-bm25: on 20,000 entries rank-bm25 scores a query in Python loops (about
-300 ms here); bm25s scores it from a sparse matrix (about 0.3 ms); ``benchmarks/experience_bench.py``
-prints both. A burst of queries (64 episodes that reset together) is scored as one product of
-their term counts with that matrix (scipy.sparse), not one bm25s call per query.
+300 ms here); bm25s precomputes a sparse term-document score matrix and scores from it (about
+0.3 ms). This module builds that matrix with bm25s and scores a batch of queries itself, as one
+dense product of their term counts with the matrix's rows for the terms they use: a burst of
+queries (64 episodes that reset together) costs a few milliseconds, not one bm25s call each.
+``benchmarks/experience_bench.py`` prints all of these.
 
 Why bm25s is imported with JAX hidden: where JAX is installed, ``import bm25s`` imports it and runs
 one ``jax.lax.top_k`` to pick its top-k backend, which starts a JAX client on the GPU and
 preallocates 75% of its memory in every process (a trainer, each pytest worker). This module
-scores with bm25s and ranks with NumPy (``_top``), so it never needs JAX; the user's own
+scores and ranks with NumPy and SciPy (``_top_many``), so it never needs JAX; the user's own
 ``import jax`` afterwards is untouched.
 """
 
