@@ -26,7 +26,8 @@
    against guided (every episode retrieves from a manager over ``--rollout-bank`` lessons and
    reports its outcome), same seeds and sampling seed, sides alternating over ``--repeats``;
    generated tokens/s and episodes/s, medians. Needs a quiet machine (minutes per repeat).
-Goals: retrieval p99 <= 5 ms at 64 clients, burst p99 <= 15 ms; overhead ratio >= 0.97x.
+Goals: retrieval p99 <= 5 ms at 64 clients; BM25 burst p99 <= 15 ms at 20,000 entries;
+overhead ratio >= 0.97x.
 
     .venv/bin/python benchmarks/experience_bench.py [--entries 20000] [--clients 1 8 64]
         [--burst 64] [--bursts 30] [--repeats 5] [--episodes 48] [--extractor-delay 1.0]
@@ -440,10 +441,10 @@ def main() -> None:
     for backend, n, per_client, bursts in backends:
         for row in bench_retrieval(args, backend, n, per_client, bursts):
             if "burst" in row:
+                goal = " (goal: <= 15 ms)" if row["backend"] == "bm25" else ""
                 print(f"burst {row['backend']:>5}: {row['entries']} entries, {row['burst']} "
-                      f"retrievals at once: p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms "
-                      f"(goal: <= 15 ms), mean batch {row['mean_batch_size']:.1f}; {load()}",
-                      flush=True)
+                      f"retrievals at once: p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms"
+                      f"{goal}, mean batch {row['mean_batch_size']:.1f}; {load()}", flush=True)
                 continue
             print(f"retrieve {row['backend']:>5}: {row['entries']} entries, {row['clients']:>2} "
                   f"clients: p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms "
