@@ -24,7 +24,7 @@
    (the cpu-demo warm-started actor, 64 new tokens) plays ``--rollout-episodes`` (32) episodes of
    the cpu-demo task (dark 5x5 MiniHack rooms, 6 turns) as one batch, free (no retriever)
    against guided (every episode retrieves from a manager over ``--rollout-bank`` lessons and
-   reports its outcome), same seeds and sampling seed, sides alternating over ``--repeats``;
+   reports its outcome), the same levels, sides alternating over ``--repeats``;
    generated tokens/s and episodes/s, medians. Needs a quiet machine (minutes per repeat).
 Goals: retrieval p99 <= 5 ms at 64 clients; BM25 burst p99 <= 15 ms at 20,000 entries;
 overhead ratio >= 0.97x.
