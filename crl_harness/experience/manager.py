@@ -8,9 +8,10 @@ Holds:
 - ``ManagerConfig``: every setting of the manager.
 - ``ExperienceManager``:
   - retrieval (the retriever protocol of ``wrappers.experience``): queries go to a queue, a
-    batcher groups them (up to ``batch_size`` queries or ``batch_wait_s``; it does not wait when a
-    search worker is idle) and ``search_workers`` threads serve the batches under the read lock;
-    a query that finds no queue and a free search slot is served in the caller's thread;
+    batcher groups them (up to ``batch_size`` queries or ``batch_wait_s``, sent early once no
+    query joined for ``batch_gap_s``) and ``search_workers`` threads serve the batches under the
+    read lock, each scored in one matrix product (``search_many``); a query that finds nobody
+    waiting to be batched and a free search slot is served in the caller's thread;
   - distillation: ``submit`` queues a request; ``max_concurrent_extractions`` threads call the
     extractor (any callable ``prompt -> str`` or an object with ``.text``), parse its answer
     strictly and apply the operations under the write lock;
@@ -166,17 +167,26 @@ class DistillationRequest:
 
 @dataclass(frozen=True)
 class ManagerConfig:
-    """Settings of the Experience Manager (defaults: the released configuration)."""
+    """Settings of the Experience Manager (defaults: the released configuration, but for the
+    retrieval batching: one batch per burst of a 64-episode rollout batch, scored by one
+    search worker; ``benchmarks/experience_bench.py`` measures the burst)."""
 
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     max_concurrent_extractions: int = 4
     """Extractor calls in flight at once."""
-    batch_size: int = 32
-    """Most retrieval queries served as one batch."""
+    batch_size: int = 64
+    """Most retrieval queries served as one batch (released: 32; 64 is a rollout batch, whose
+    episodes reset together)."""
     batch_wait_s: float = 0.005
-    """Longest a query waits for its batch to fill (only while every search worker is busy)."""
-    search_workers: int = 4
-    """Threads that serve retrieval batches under the shared read lock."""
+    """Longest a query waits for its batch to fill."""
+    batch_gap_s: float = 0.0005
+    """A batch is sent once no query joined it for this long: the queries of a burst (episodes
+    that reset together) are scored in one pass, and a few concurrent ones do not wait
+    ``batch_wait_s``. A query that arrives alone is served at once, in the caller's thread."""
+    search_workers: int = 1
+    """Threads that serve retrieval batches under the shared read lock (released: 4). A batch is
+    one matrix product, and more threads mostly wait for the GIL: with 4, a burst of 64 forms
+    smaller batches and its p99 is higher."""
     merge_chunk: int = 5
     """Entries shown to the extractor per merge-pass call."""
     max_transcript_chars: int = 12_000
@@ -199,6 +209,9 @@ class ManagerConfig:
                 raise ValueError(f"ManagerConfig.{name} must be at least 1.")
         if self.merge_chunk < 2:
             raise ValueError("ManagerConfig.merge_chunk must be at least 2.")
+        for name in ("batch_wait_s", "batch_gap_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"ManagerConfig.{name} must be a number of seconds >= 0.")
 
 
 @dataclass
@@ -282,6 +295,7 @@ class ExperienceManager:
         self._jobs: queue.Queue = queue.Queue()
         self._queries: queue.Queue = queue.Queue()
         self._busy_searches = 0
+        self._waiting = 0  # queries queued or in the batch being collected
         self._busy_lock = threading.Lock()
         self._search_pool = ThreadPoolExecutor(config.search_workers,
                                                thread_name_prefix="experience-search")
@@ -308,7 +322,7 @@ class ExperienceManager:
             raise RuntimeError("ExperienceManager is closed; create a new one to retrieve.")
         future: Future = Future()
         request = _Query(env_id, query, int(k), future)
-        if self._queries.empty() and self._claim_search_slot():
+        if self._serve_here():
             # Nobody to batch with and a search slot free: serve in this thread, sparing the
             # two thread hand-offs (each can cost a scheduler time slice on a busy machine).
             self._serve(env_id, [request])
@@ -602,16 +616,12 @@ class ExperienceManager:
             deadline = time.monotonic() + cfg.batch_wait_s
             stop = False
             while len(batch) < cfg.batch_size:
+                remaining = min(cfg.batch_gap_s, deadline - time.monotonic())
                 try:
-                    item = self._queries.get_nowait()
+                    item = self._queries.get(timeout=remaining) if remaining > 0 \
+                        else self._queries.get_nowait()
                 except queue.Empty:
-                    remaining = deadline - time.monotonic()
-                    if self._busy_searches < cfg.search_workers or remaining <= 0:
-                        break
-                    try:
-                        item = self._queries.get(timeout=remaining)
-                    except queue.Empty:
-                        break
+                    break
                 if item is None:
                     stop = True
                     break
@@ -619,19 +629,24 @@ class ExperienceManager:
             by_env: dict[str, list[_Query]] = {}
             for query in batch:
                 by_env.setdefault(query.env_id, []).append(query)
+            with self._busy_lock:
+                self._waiting -= sum(len(queries) for queries in by_env.values())
+                self._busy_searches += len(by_env)
             for env_id, queries in by_env.items():
-                with self._busy_lock:
-                    self._busy_searches += 1
                 self._search_pool.submit(self._serve, env_id, queries)
             if stop:
                 return
 
-    def _claim_search_slot(self) -> bool:
+    def _serve_here(self) -> bool:
+        """Whether a query is served in the caller's thread: no query waits to be batched and a
+        search slot is free (then claimed). Otherwise the query counts as waiting, so that the
+        queries of a burst join the batch being collected rather than each serving itself."""
         with self._busy_lock:
-            if self._busy_searches >= self.config.search_workers:
-                return False
-            self._busy_searches += 1
-            return True
+            if not self._waiting and self._busy_searches < self.config.search_workers:
+                self._busy_searches += 1
+                return True
+            self._waiting += 1
+            return False
 
     def _serve(self, env_id: str, queries: list[_Query]) -> None:
         """Answer ``queries`` (one search slot, claimed by the caller, is released here)."""
@@ -644,9 +659,9 @@ class ExperienceManager:
                 hits: list[list[tuple[str, float]]] = [[] for _ in queries]
             elif isinstance(index, DenseIndex):
                 vectors = self._embedder.encode([q.query for q in queries])  # type: ignore[union-attr]
-                hits = [index.search_vector(v, cfg.candidates) for v in vectors]
+                hits = index.search_many(vectors, cfg.candidates)
             else:
-                hits = [index.search(q.query, cfg.candidates) for q in queries]
+                hits = index.search_many([q.query for q in queries], cfg.candidates)
             results = []
             with self._rw.read():
                 now = time.time()

