@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -147,3 +148,36 @@ def test_hardening_manager_rejects_bad_batch_times():
     for bad in ({"batch_gap_s": -0.001}, {"batch_wait_s": float("nan")}):
         with pytest.raises(ValueError, match="seconds >= 0"):
             ManagerConfig(**bad)
+
+
+@pytest.mark.parametrize("batch_gap_s", [0.0, 0.5])
+def test_batch_gap_decides_whether_queries_that_queue_share_a_batch(tmp_path, monkeypatch,
+                                                                    batch_gap_s):
+    """While a slow first query holds the search slot, the next ones queue 10 ms apart: with no
+    gap each queued query is its own batch; a gap longer than their spacing makes them one."""
+    rng = random.Random(2)
+    env_id = "CRL/Sokoban-v0"
+    bank = ExperienceBank(tmp_path / "bank.sqlite")
+    bank.apply([AddEntry(env_id, f"t{i}", text, "g") for i, text in enumerate(corpus(rng, 50))])
+    manager = ExperienceManager(bank, config=ManagerConfig(batch_gap_s=batch_gap_s,
+                                                           batch_wait_s=5.0))
+    search_many, calls = BM25Index.search_many, []
+
+    def first_call_slow(self, queries, n):
+        calls.append(len(queries))
+        if len(calls) == 1:
+            time.sleep(1.0)  # longer than all the arrivals, even on a busy machine
+        return search_many(self, queries, n)
+
+    monkeypatch.setattr(BM25Index, "search_many", first_call_slow)
+    queries = random_queries(rng, 10)
+    threads = [threading.Thread(target=manager.retrieve, args=(env_id, q, 1)) for q in queries]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.01)
+    for thread in threads:
+        thread.join()
+    manager.close()
+    bank.close()
+    assert calls[0] == 1 and sum(calls) == len(queries)
+    assert len(calls) >= len(queries) // 2 if batch_gap_s == 0.0 else calls[1:] == [len(queries) - 1]
