@@ -27,8 +27,6 @@ def models(tmp_path_factory):
     from crl_harness.models.vllm import VLLMBackend
 
     path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    # bfloat16, vLLM's CPU default: its float32 CPU path repacks the linear weights, which then
-    # cannot be reloaded.
     engine = VLLMBackend(path, dtype="bfloat16", max_context=1024, kv_cache_gib=1)
     yield engine, HFBackend(path)
     engine.close()
@@ -60,14 +58,19 @@ def test_vllm_generates_with_sampling_logprobs_and_the_hf_prompt(models):
 def test_vllm_weight_reload_changes_outputs_to_those_of_the_new_weights(models):
     engine, hf = models
     before = engine.generate(CHATS, max_new_tokens=6, temperature=0.0)
-    state = {k: v.clone() for k, v in hf.model.state_dict().items()}
+    original = {k: v.clone() for k, v in hf.model.state_dict().items()}
+    state = dict(original)
     generator = torch.Generator().manual_seed(1)
     for key in state:
-        if key.endswith("proj.weight"):
+        if key.endswith(("proj.weight", "embed_tokens.weight")):
             state[key] = torch.randn(state[key].shape, generator=generator)
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]  # tied, as the model is
     engine.load_weights(state)
     hf.load_weights(state)
     after = engine.generate(CHATS, max_new_tokens=6, temperature=0.0)
     assert [g.token_ids for g in after] != [g.token_ids for g in before]
     reference = hf.generate(CHATS, max_new_tokens=6, temperature=0.0)
     assert [g.token_ids[:2] for g in after] == [g.token_ids[:2] for g in reference]
+    engine.load_weights(original)  # a second reload (training reloads every step) goes back
+    assert [g.token_ids for g in engine.generate(CHATS, max_new_tokens=6, temperature=0.0)] == \
+        [g.token_ids for g in before]

@@ -57,7 +57,7 @@ class VLLMBackend:
                 f"vllm:{path}: no such local checkpoint; give a model directory or a short name "
                 "such as smollm2-135m."
             )
-        # In-process engine: load_weights reaches the model object directly.
+        # In-process engine: load_weights hands the tensors to the worker without serialising them.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         from vllm import LLM
@@ -104,11 +104,15 @@ class VLLMBackend:
     def load_weights(self, state_dict: dict[str, Any]) -> None:
         """Load ``state_dict`` (transformers names, e.g. the trainer's) into the engine.
 
-        On CPU this needs a bfloat16 engine (the default): with float32, vLLM repacks the linear
-        weights for its CPU kernels and they can no longer be reloaded.
+        Through vLLM's ``reload_weights``, not ``model.load_weights``: on CPU, vLLM packs each
+        linear weight for its GEMM kernel after loading and leaves the layer an empty ``weight``
+        without a loader; ``reload_weights`` rebuilds the layers, loads them and packs again.
+        Cast to the engine's dtype here, as vLLM would, which keeps it from warning per tensor.
         """
-        weights = [(name, tensor.detach().to("cpu")) for name, tensor in state_dict.items()]
-        self.llm.apply_model(lambda model: model.load_weights(weights=weights))
+        dtype = self.llm.model_config.dtype
+        weights = [(name, tensor.detach().to("cpu", dtype if tensor.is_floating_point() else None))
+                   for name, tensor in state_dict.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
