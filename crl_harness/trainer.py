@@ -394,9 +394,8 @@ class Trainer:
         torch.save({"rng": rng_state(), "awaiting_training": self.awaiting_training},
                    directory / "trainer_state.pt")
         # A plain transformers checkpoint of the actor, so `crl eval hf:DIR` can load it.
-        if self.actor.lora is None:
-            self.actor_backend.model.save_pretrained(directory / "actor_hf")
-            self.actor_backend.tokenizer.save_pretrained(directory / "actor_hf")
+        self.actor.save_merged(directory / "actor_hf")
+        self.actor_backend.tokenizer.save_pretrained(directory / "actor_hf")
         (directory / "state.json").write_text(json.dumps({
             "step": self.step, "name": self.cfg.name, "arm": self.cfg.arm,
             "bank_entries": bank_entries, "counters": dict(self.counters),

@@ -414,3 +414,13 @@ def test_lora_trains_only_the_adapters(models, tmp_path, alternating_rewards):
     base_after = {k: v for k, v in trainer.actor.base_model.state_dict().items()
                   if "lora_" not in k}
     assert all(torch.equal(base_before[k], base_after[k]) for k in base_before)
+    # the checkpoint's actor_hf is a plain model with the adapters merged in (crl eval, crl demo)
+    from crl_harness.models import HFBackend
+
+    merged = HFBackend(str(tmp_path / "checkpoints" / "step-000001" / "actor_hf"))
+    ids = torch.tensor([[3, 17, 42, 5, 9]])
+    with torch.no_grad():
+        expected = trainer.actor.model(input_ids=ids).logits
+        got = merged.model(input_ids=ids).logits
+    assert not any("lora_" in k for k in merged.model.state_dict())
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -264,6 +265,27 @@ class PolicyLearner:
 
     def _masters_by_storage(self) -> dict[int, torch.Tensor]:
         return {p.data_ptr(): m for p, m in self._copies}
+
+    def save_merged(self, directory: Path) -> None:
+        """Save the model as a plain transformers checkpoint (with LoRA, each adapted weight
+        is saved as base + delta; the model itself is left untouched, as merging in place and
+        back would round its base weights)."""
+        if self.lora is None:
+            self.model.save_pretrained(directory)
+            return
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        state = {name: tensor for name, tensor in base.state_dict().items()
+                 if "lora_" not in name and ".base_layer." not in name}
+        with torch.no_grad():
+            for name, module in base.named_modules():
+                if isinstance(module, LoraLayer):
+                    merged = module.get_base_layer().weight.clone()
+                    for adapter in module.active_adapters:
+                        merged += module.get_delta_weight(adapter)
+                    state[f"{name}.weight"] = merged
+        base.save_pretrained(directory, state_dict=state)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """What changes in training: the whole model's weights, or only the LoRA adapters;
