@@ -104,8 +104,8 @@ def main() -> None:
     for arm in args.arms:
         c = curves[arm]
         # over the steps that had such rollouts (no guided ones while the bank is empty)
-        mean = {part: statistics.fmean([p["rate"] for p in c[part] if p["episodes"]] or [float("nan")])
-                for part in c}
+        rates = {part: [p["rate"] for p in c[part] if p["episodes"]] for part in c}
+        mean = {part: statistics.fmean(r) if r else float("nan") for part, r in rates.items()}
         guided = f"{100 * mean['guided']:.0f}%" if "guided" in mean else "-"
         free = f"{100 * mean['free']:.0f}%" if "free" in mean else "-"
         print(f"| {arm} | {_cell(c['all'][steps - 1])} | {100 * mean['all']:.0f}% | {guided} | "

@@ -149,3 +149,35 @@ def test_bf16_base_with_lora_trains_fp32_adapters_and_freezes_the_base(tiny):
                   for k, v in learner.base_model.state_dict().items() if "lora_" not in k}
     assert base_after.keys() == base_before.keys()
     assert all(torch.equal(base_before[k], v) for k, v in base_after.items())
+
+
+def test_lora_save_merged_keeps_biases_and_matches_the_adapted_model(tmp_path):
+    """A model whose adapted projections have biases (Qwen2's q/k/v): the merged checkpoint keeps
+    them and gives the adapted model's logits; the live model is left as it was."""
+    import transformers
+
+    from crl_harness.config import LoRAConfig
+
+    config = transformers.Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config)
+    for name, parameter in model.named_parameters():
+        if name.endswith("bias"):  # initialised to zero, which a lost bias would also give
+            parameter.data.normal_()
+    learner = PolicyLearner(model, lr=1e-3, max_grad_norm=1.0, temperature=1.0,
+                            micro_batch_size=1, lora=LoRAConfig(enabled=True, r=4, alpha=8))
+    for name, parameter in learner.model.named_parameters():
+        if "lora_B" in name:
+            parameter.data.normal_()
+    ids = torch.tensor([[3, 17, 42, 5, 9]])
+    with torch.no_grad():
+        expected = learner.model(input_ids=ids).logits
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    learner.save_merged(tmp_path / "merged")
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert any(k.endswith("q_proj.bias") for k in merged.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())

@@ -276,8 +276,9 @@ class PolicyLearner:
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
-        state = {name: tensor for name, tensor in base.state_dict().items()
-                 if "lora_" not in name and ".base_layer." not in name}
+        # peft wraps each adapted layer: its weight and bias live under `base_layer`
+        state = {name.replace(".base_layer.", "."): tensor
+                 for name, tensor in base.state_dict().items() if "lora_" not in name}
         with torch.no_grad():
             for name, module in base.named_modules():
                 if isinstance(module, LoraLayer):
