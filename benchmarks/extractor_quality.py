@@ -46,20 +46,25 @@ def oracle_episodes(cfg, backend, won: int, lost: int) -> list:
     return episodes[True] + episodes[False]
 
 
-def verdict(answer: str, trajectory) -> str:
-    """``malformed``, ``right`` or ``other`` (see the module docstring)."""
-    from crl_harness.experience.operations import Add, parse_distillation
-    from crl_harness.warmstart.data import route_advice
+def taught_ops(trajectory, tokenizer, max_transcript_chars: int) -> tuple:
+    """The operations the warm start teaches for ``trajectory`` (its own ``extractor_sample``)."""
+    from crl_harness.experience.operations import ParseLimits, parse_distillation
+    from crl_harness.warmstart.data import AdvisedEpisode, extractor_sample
+
+    sample = extractor_sample(AdvisedEpisode(trajectory), tokenizer=tokenizer,
+                              max_ops=ParseLimits().max_ops,
+                              max_transcript_chars=max_transcript_chars)
+    return parse_distillation(sample.text, 0).ops
+
+
+def verdict(answer: str, taught: tuple) -> str:
+    """``malformed``, ``right`` (the ``taught`` operations) or ``other``."""
+    from crl_harness.experience.operations import parse_distillation
 
     parsed = parse_distillation(answer, 0)
     if not parsed.ok:
         return "malformed"
-    if not trajectory.won:
-        return "right" if not parsed.ops else "other"
-    lesson = route_advice(trajectory.env_id, trajectory.turns[0].observation,
-                          [t.action or "" for t in trajectory.turns])
-    wanted = Add(lesson.title, lesson.content)
-    return "right" if list(parsed.ops) == [wanted] else "other"
+    return "right" if parsed.ops == taught else "other"
 
 
 def main() -> None:
@@ -90,6 +95,8 @@ def main() -> None:
         DistillationRequest(t.env_id, t.task, t.transcript, t.won, t.score), [],
         max_ops=ParseLimits().max_ops,
         max_transcript_chars=cfg.experience.max_transcript_chars)}] for t in episodes]
+    taught = [taught_ops(t, backend.tokenizer, cfg.experience.max_transcript_chars)
+              for t in episodes]
     print(f"extractor quality: {extractor} on {cfg.tasks.envs[0].id}, {args.won} won and "
           f"{args.lost} lost oracle episodes from held-out level {cfg.tasks.heldout_offset}",
           flush=True)
@@ -103,8 +110,8 @@ def main() -> None:
         for _ in range(repeats):
             answers = backend.generate(prompts, max_new_tokens=cfg.extractor.max_new_tokens,
                                        temperature=temperature, top_p=cfg.extractor.top_p)
-            for trajectory, answer in zip(episodes, answers, strict=True):
-                kind = verdict(answer.text, trajectory)
+            for trajectory, answer, ops in zip(episodes, answers, taught, strict=True):
+                kind = verdict(answer.text, ops)
                 counts["won" if trajectory.won else "lost"][kind] += 1
                 if kind != "right" and len(examples) < 3:
                     examples.append(answer.text)
