@@ -70,13 +70,14 @@ class RolloutWorker:
 
     def __init__(self, model: str, lora: LoRAConfig, rollout: RolloutConfig,
                  service: Any = None, torch_threads: int = 1, dtype: str = "auto",
-                 kv_cache_tokens: int = 65_536) -> None:
+                 kv_cache_tokens: int = 65_536, seed: int = 0) -> None:
         import torch
 
         from crl_harness.models import load_backend
         from crl_harness.training.learner import apply_lora
 
         torch.set_num_threads(max(torch_threads, 1))
+        torch.manual_seed(seed)  # sampling draws from this process's global RNG
         self.backend = load_backend(model, dtype=dtype, kv_cache_tokens=kv_cache_tokens)
         self.lora = lora.enabled
         if self.lora:
@@ -178,8 +179,8 @@ class RayTrainer(Trainer):
         service = self.experience.handle if self.experience is not None else None
         return RayRollouts([worker_cls.remote(cfg.actor.model, cfg.actor.lora, rollout, service,
                                               cfg.run.torch_threads or 1, cfg.actor.dtype,
-                                              cfg.actor.kv_cache_tokens)
-                            for _ in range(cfg.run.rollout_workers)])
+                                              cfg.actor.kv_cache_tokens, cfg.run.seed + 1 + i)
+                            for i in range(cfg.run.rollout_workers)])
 
     def _push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:
         if actor_updated:
