@@ -13,6 +13,8 @@ bf16 runs here are on CPU (no GPU in the test environment): same code path, CPU 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -30,6 +32,7 @@ import torch
 from crl_envs.data import cache_dir
 from crl_harness.config import load_config
 from crl_harness.experience import GenerationReward
+from crl_harness.losses import grpo_loss
 from crl_harness.models.base import encode_chat
 from crl_harness.models.tiny import build_tiny_model
 from crl_harness.trainer import ResumeError, Trainer
@@ -162,6 +165,31 @@ def test_co_evolve_trains_both_models_fills_the_bank_and_writes_metrics(models, 
     actor_before = _weights(models[0])
     assert any(not torch.equal(actor_before[k], actor_after[k]) for k in actor_before)
     assert (tmp_path / "checkpoints" / "step-000002" / "extractor.pt").exists()
+
+
+def _completion_logprob_sums(learner, rows) -> torch.Tensor:
+    with torch.no_grad():
+        logprobs, mask = learner.token_logprobs(rows)
+    return (logprobs * mask).sum(dim=1)
+
+
+def test_grpo_update_raises_the_rewarded_episodes_and_lowers_the_others(models, tmp_path):
+    """The update's direction, end to end: real rollouts, their packed rows, one GRPO step. The
+    replies of the episodes rewarded above their subgroup's mean gain log-probability, the others
+    lose it (a sign, mask or row-to-advantage mix-up fails this)."""
+    # A small step, so the first-order effect of the gradient is what is measured: at the other
+    # tests' 1e-3 one Adam step (about lr times the sign of each gradient) reshapes the tiny model.
+    cfg = load_config(None, [*_overrides(models, tmp_path, arm="none", steps=1), "actor.lr=1e-5"])
+    trainer = Trainer(cfg)
+    played = trainer.rollouts.run(trainer._episode_specs(1, retrieve=False))
+    rewarded = [dataclasses.replace(t, reward=float(i % 2)) for i, t in enumerate(played)]
+    rows = trainer._actor_rows(rewarded)
+    assert {r.advantage for r in rows} == {0.5, -0.5}
+    before = _completion_logprob_sums(trainer.actor, rows)
+    trainer.actor.update(rows, functools.partial(grpo_loss, clip_eps=cfg.actor.clip_eps))
+    change = _completion_logprob_sums(trainer.actor, rows) - before
+    up = torch.tensor([r.advantage > 0 for r in rows])
+    assert change[up].mean() > 0 > change[~up].mean()
 
 
 def test_cispo_update_changes_the_extractor(models, tmp_path):
