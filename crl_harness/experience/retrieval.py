@@ -220,13 +220,16 @@ def _top_many(ids: list[str], scores: np.ndarray, n: int,
     first, ties to the lower index; with ``normalise``, only positive scores, divided by the
     best one.
 
-    Each of ``n`` chunks of a column holds a score at least as high as its n-th best, so the
-    smallest chunk maximum bounds the candidates from below; only they are sorted.
+    The maxima of ``n`` disjoint chunks of a column are ``n`` of its scores, so the smallest of
+    them is at most its n-th best and bounds the candidates from below; only they are sorted.
+    The chunk maxima come from a reshaped view, not ``np.maximum.reduceat``: reduceat holds the
+    GIL (3.6 ms at 20k entries x 64 queries), which stalls every thread of a retrieval burst.
     """
     entries, queries = scores.shape
     floor = np.full(queries, -np.inf)
     if entries > n:
-        floor = np.maximum.reduceat(scores, np.arange(n) * entries // n, axis=0).min(axis=0)
+        chunked = scores[:entries - entries % n].reshape(n, entries // n, queries)
+        floor = chunked.max(axis=1).min(axis=0)
     if normalise:  # positive scores only
         floor = np.maximum(floor, np.nextafter(0.0, 1.0))
     flat = np.flatnonzero(scores >= floor[None, :])
