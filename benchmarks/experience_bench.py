@@ -38,6 +38,7 @@ overhead ratio >= 0.97x.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -161,6 +162,28 @@ def burst_round(manager: ExperienceManager, env_id: str, queries: list[str],
     return latencies
 
 
+class FullCollections:
+    """Records the durations of the garbage collector's full (generation 2) collections while
+    open: each stops every thread of the process, so a burst it falls into waits for it."""
+
+    def __enter__(self) -> FullCollections:
+        self.ms: list[float] = []
+        self._start = 0.0
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.ms.append((time.perf_counter() - self._start) * 1e3)
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+
 def bench_retrieval(args: argparse.Namespace, backend: str, n_entries: int,
                     per_client: int, bursts: int) -> list[dict]:
     """One manager over ``n_entries`` lessons; a latency row per client count."""
@@ -194,14 +217,16 @@ def bench_retrieval(args: argparse.Namespace, backend: str, n_entries: int,
         burst_round(manager, env_id, queries, args.burst)  # warm-up
         p50s, p99s = [], []
         before = manager.stats()
-        for r in range(args.repeats):
-            latencies = [x for b in range(bursts)
-                         for x in burst_round(manager, env_id, queries[(r + b) % 7:], args.burst)]
-            p50s.append(percentile_ms(latencies, 50))
-            p99s.append(percentile_ms(latencies, 99))
+        with FullCollections() as pauses:
+            for r in range(args.repeats):
+                latencies = [x for b in range(bursts) for x in
+                             burst_round(manager, env_id, queries[(r + b) % 7:], args.burst)]
+                p50s.append(percentile_ms(latencies, 50))
+                p99s.append(percentile_ms(latencies, 99))
         after = manager.stats()
         rows.append({"backend": backend, "entries": n_entries, "burst": args.burst,
                      "p50_ms": statistics.median(p50s), "p99_ms": statistics.median(p99s),
+                     "p99s_ms": p99s, "full_gc": pauses.ms,
                      "mean_batch_size": (after["retrievals"] - before["retrievals"])
                      / max(1, after["retrieval_batches"] - before["retrieval_batches"])})
         manager.close()
@@ -441,9 +466,13 @@ def main() -> None:
         for row in bench_retrieval(args, backend, n, per_client, bursts):
             if "burst" in row:
                 goal = " (goal: <= 15 ms)" if row["backend"] == "bm25" else ""
+                pauses = ", ".join(f"{ms:.0f}" for ms in row["full_gc"]) or "none"
                 print(f"burst {row['backend']:>5}: {row['entries']} entries, {row['burst']} "
                       f"retrievals at once: p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms"
-                      f"{goal}, mean batch {row['mean_batch_size']:.1f}; {load()}", flush=True)
+                      f"{goal} (median of the repeats' p99s "
+                      f"{', '.join(f'{x:.1f}' for x in row['p99s_ms'])}), mean batch "
+                      f"{row['mean_batch_size']:.1f}; full garbage collections during the bursts "
+                      f"(ms): {pauses}; {load()}", flush=True)
                 continue
             print(f"retrieve {row['backend']:>5}: {row['entries']} entries, {row['clients']:>2} "
                   f"clients: p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms "

@@ -161,15 +161,15 @@ def test_batch_gap_decides_whether_queries_that_queue_share_a_batch(tmp_path, mo
     bank.apply([AddEntry(env_id, f"t{i}", text, "g") for i, text in enumerate(corpus(rng, 50))])
     manager = ExperienceManager(bank, config=ManagerConfig(batch_gap_s=batch_gap_s,
                                                            batch_wait_s=5.0))
-    search_many, calls = BM25Index.search_many, []
+    search, calls = BM25Index.search_tokens_many, []
 
     def first_call_slow(self, queries, n):
         calls.append(len(queries))
         if len(calls) == 1:
             time.sleep(1.0)  # longer than all the arrivals, even on a busy machine
-        return search_many(self, queries, n)
+        return search(self, queries, n)
 
-    monkeypatch.setattr(BM25Index, "search_many", first_call_slow)
+    monkeypatch.setattr(BM25Index, "search_tokens_many", first_call_slow)
     queries = random_queries(rng, 10)
     threads = [threading.Thread(target=manager.retrieve, args=(env_id, q, 1)) for q in queries]
     for thread in threads:

@@ -122,12 +122,14 @@ class BM25Index:
     """An immutable BM25 index of one partition, from each entry's tokens (ids in that order).
 
     ``search_many`` scores a batch of queries in one sparse matrix product: the columns of
-    bm25s' term-document score matrix for the terms they use times their term counts (scipy's
-    own loop, not a BLAS call: BLAS threads that spin on a busy machine made one batch of 64
-    queries 2 to 6 times slower, and held back the threads waiting for it). The term scores are
-    rounded to multiples of ``SCORE_GRID`` (2**-24, an error below 3e-8), so every sum of them
-    is exact in float64: a query gets the same ids, order and scores alone (``search``) or in any
-    batch, whatever the BLAS. Ties go to the entry indexed first.
+    bm25s' term-document score matrix (float32, as bm25s keeps it) for the terms they use times
+    their term counts (scipy's own loop, not a BLAS call: BLAS threads that spin on a busy
+    machine made one batch of 64 queries 2 to 6 times slower, and held back the threads waiting
+    for it). That loop adds a query's term scores in one fixed order (the terms' ids), whatever
+    batch it is in, and another query's terms add exact zeros: a query gets the same ids, order
+    and bit-equal scores alone (``search``) or in any batch. Ties go to the entry indexed first.
+    ``search_tokens_many`` takes queries already tokenised (a caller can tokenise its own query
+    while a batch is being collected).
 
     Example:
         >>> index = BM25Index.from_texts(["a", "b"], ["push boxes onto targets",
@@ -138,9 +140,7 @@ class BM25Index:
         [[('a', 1.0)], []]
     """
 
-    SCORE_GRID = 2.0 ** -24
-
-    def __init__(self, ids: Sequence[str], tokens: Sequence[list[str]], k1: float = 1.5,
+    def __init__(self, ids: Sequence[str], tokens: Sequence[Sequence[str]], k1: float = 1.5,
                  b: float = 0.75) -> None:
         self.ids = list(ids)
         self._vocab: dict[str, int] = {}
@@ -149,11 +149,9 @@ class BM25Index:
             bm25 = bm25s.BM25(k1=k1, b=b)
             bm25.index(list(tokens), show_progress=False)
             scores = bm25.scores
-            grid = self.SCORE_GRID
             self._vocab = dict(bm25.vocab_dict)
             self._term_scores = scipy.sparse.csr_matrix(
-                (np.round(scores["data"].astype(np.float64) / grid) * grid, scores["indices"],
-                 scores["indptr"]),
+                (scores["data"].astype(np.float32), scores["indices"], scores["indptr"]),
                 shape=(len(scores["indptr"]) - 1, scores["num_docs"]))
 
     @classmethod
@@ -171,16 +169,22 @@ class BM25Index:
 
     def search_many(self, queries: Sequence[str], n: int) -> list[list[tuple[str, float]]]:
         """``search`` for each query, scored in one matrix product."""
+        return self.search_tokens_many([tokenize(q) for q in queries], n)
+
+    def search_tokens_many(self, queries: Sequence[Sequence[str]],
+                           n: int) -> list[list[tuple[str, float]]]:
+        """``search_many`` for queries given as their ``tokenize`` tokens."""
         _check_n(n)
         if self._term_scores is None:
             return [[] for _ in queries]
-        terms = [[self._vocab[t] for t in tokenize(q) if t in self._vocab] for q in queries]
-        used = sorted({term for row in terms for term in row})
-        column = {term: j for j, term in enumerate(used)}
-        counts = np.zeros((len(queries), len(used)))
-        for i, row in enumerate(terms):
-            for term in row:  # a repeated query term counts once per occurrence, as in bm25s
-                counts[i, column[term]] += 1.0
+        vocab = self._vocab
+        terms = [[vocab[t] for t in tokens if t in vocab] for tokens in queries]
+        flat = np.fromiter((term for row in terms for term in row), dtype=np.int64)
+        which = np.repeat(np.arange(len(queries)), [len(row) for row in terms])
+        used, column = np.unique(flat, return_inverse=True)
+        # A repeated query term counts once per occurrence, as in bm25s.
+        counts = np.bincount(which * len(used) + column, minlength=len(queries) * len(used))
+        counts = counts.reshape(len(queries), len(used)).astype(np.float32)
         scores = self._term_scores[used].T @ counts.T  # entries x queries (CSC times dense)
         return _top_many(self.ids, scores, n, normalise=True)
 
@@ -231,18 +235,19 @@ def _top_many(ids: list[str], scores: np.ndarray, n: int,
         chunked = scores[:entries - entries % n].reshape(n, entries // n, queries)
         floor = chunked.max(axis=1).min(axis=0)
     if normalise:  # positive scores only
-        floor = np.maximum(floor, np.nextafter(0.0, 1.0))
-    flat = np.flatnonzero(scores >= floor[None, :])
+        floor = np.maximum(floor, np.nextafter(scores.dtype.type(0), scores.dtype.type(1)))
+    flat = np.flatnonzero(scores >= floor.astype(scores.dtype)[None, :])
     rows, cols = np.divmod(flat, queries)  # rows: entries, cols: queries
     values = scores.ravel()[flat]
     order = np.lexsort((rows, -values, cols))
-    rows, cols, values = rows[order], cols[order], values[order]
-    firsts = np.searchsorted(cols, np.arange(queries + 1))
+    rows, values = rows[order].tolist(), values[order].astype(np.float64).tolist()
+    firsts = np.searchsorted(cols[order], np.arange(queries + 1)).tolist()
     out = []
     for first, end in zip(firsts[:-1], firsts[1:], strict=True):
-        best = range(first, min(end, first + n))
-        top = float(values[first]) if normalise and len(best) else 1.0
-        out.append([(ids[rows[j]], float(values[j]) / top) for j in best])
+        end = min(end, first + n)
+        top = values[first] if normalise and end > first else 1.0
+        out.append([(ids[r], v / top) for r, v in zip(rows[first:end], values[first:end],
+                                                      strict=True)])
     return out
 
 
