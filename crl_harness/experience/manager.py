@@ -220,7 +220,7 @@ class _Query:
     query: str
     k: int
     future: Future
-    tokens: list[str] | None = None  # BM25: tokenised by the caller, off the batch's path
+    tokens: list[str] = field(default_factory=list)  # BM25: tokenised by the caller
 
 
 def _clip(text: str, limit: int) -> str:
@@ -322,7 +322,8 @@ class ExperienceManager:
         if self._closed:
             raise RuntimeError("ExperienceManager is closed; create a new one to retrieve.")
         future: Future = Future()
-        tokens = tokenize(query) if self.config.retrieval.backend == "bm25" else None
+        # BM25 queries are tokenised here, in the caller, not on the batch's path.
+        tokens = tokenize(query) if self.config.retrieval.backend == "bm25" else []
         request = _Query(env_id, query, int(k), future, tokens)
         if self._serve_here():
             # Nobody to batch with and a search slot free: serve in this thread, sparing the
@@ -663,9 +664,7 @@ class ExperienceManager:
                 vectors = self._embedder.encode([q.query for q in queries])  # type: ignore[union-attr]
                 hits = index.search_many(vectors, cfg.candidates)
             else:
-                hits = index.search_tokens_many(
-                    [q.tokens if q.tokens is not None else tokenize(q.query) for q in queries],
-                    cfg.candidates)
+                hits = index.search_tokens_many([q.tokens for q in queries], cfg.candidates)
             results = []
             with self._rw.read():
                 now = time.time()

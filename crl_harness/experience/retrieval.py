@@ -230,17 +230,17 @@ def _top_many(ids: list[str], scores: np.ndarray, n: int,
     GIL (3.6 ms at 20k entries x 64 queries), which stalls every thread of a retrieval burst.
     """
     entries, queries = scores.shape
-    floor = np.full(queries, -np.inf)
+    floor = np.full(queries, -np.inf, dtype=scores.dtype)
     if entries > n:
         chunked = scores[:entries - entries % n].reshape(n, entries // n, queries)
         floor = chunked.max(axis=1).min(axis=0)
     if normalise:  # positive scores only
         floor = np.maximum(floor, np.nextafter(scores.dtype.type(0), scores.dtype.type(1)))
-    flat = np.flatnonzero(scores >= floor.astype(scores.dtype)[None, :])
+    flat = np.flatnonzero(scores >= floor[None, :])
     rows, cols = np.divmod(flat, queries)  # rows: entries, cols: queries
     values = scores.ravel()[flat]
     order = np.lexsort((rows, -values, cols))
-    rows, values = rows[order].tolist(), values[order].astype(np.float64).tolist()
+    rows, values = rows[order].tolist(), values[order].tolist()
     firsts = np.searchsorted(cols[order], np.arange(queries + 1)).tolist()
     out = []
     for first, end in zip(firsts[:-1], firsts[1:], strict=True):
