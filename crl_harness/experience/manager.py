@@ -39,7 +39,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from string import Template
@@ -214,13 +214,41 @@ class ManagerConfig:
                 raise ValueError(f"ManagerConfig.{name} must be a number of seconds >= 0.")
 
 
-@dataclass
+def _held_lock() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+@dataclass(eq=False)
 class _Query:
+    """One caller's retrieval on its way through a batch. ``answer`` releases a lock the caller
+    waits on: a bare lock, not a ``Future``, whose condition variable the woken caller would
+    re-acquire and whose objects the garbage collector would track, 64 times a burst."""
+
     env_id: str
     query: str
     k: int
-    future: Future
     tokens: list[str] = field(default_factory=list)  # BM25: tokenised by the caller
+    result: list[ExperienceEntry] = field(default_factory=list)
+    error: BaseException | None = None
+    answered: bool = False
+    _ready: threading.Lock = field(default_factory=_held_lock)
+
+    def answer(self, result: list[ExperienceEntry] | None = None,
+               error: BaseException | None = None) -> None:
+        """Set the result (or the error) once and wake the caller; later answers are ignored."""
+        if self.answered:
+            return
+        self.answered = True
+        self.result, self.error = result or [], error
+        self._ready.release()
+
+    def wait(self) -> list[ExperienceEntry]:
+        self._ready.acquire()
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 def _clip(text: str, limit: int) -> str:
@@ -321,17 +349,16 @@ class ExperienceManager:
             return []
         if self._closed:
             raise RuntimeError("ExperienceManager is closed; create a new one to retrieve.")
-        future: Future = Future()
         # BM25 queries are tokenised here, in the caller, not on the batch's path.
         tokens = tokenize(query) if self.config.retrieval.backend == "bm25" else []
-        request = _Query(env_id, query, int(k), future, tokens)
+        request = _Query(env_id, query, int(k), tokens)
         if self._serve_here():
             # Nobody to batch with and a search slot free: serve in this thread, sparing the
             # two thread hand-offs (each can cost a scheduler time slice on a busy machine).
             self._serve(env_id, [request])
         else:
             self._queries.put(request)
-        return future.result()
+        return request.wait()
 
     def report_outcome(self, entry_ids: Sequence[str], score: float,
                        critic: float | None = None) -> None:
@@ -489,7 +516,7 @@ class ExperienceManager:
             except queue.Empty:
                 break
             if late is not None:
-                late.future.set_exception(RuntimeError("ExperienceManager closed."))
+                late.answer(error=RuntimeError("ExperienceManager closed."))
         self.bank.sync_retrieval_stats()
 
     def __enter__(self) -> ExperienceManager:
@@ -675,11 +702,10 @@ class ExperienceManager:
                     results.append(chosen)
             self._remember_generations(results)
             for query, chosen in zip(queries, results, strict=True):
-                query.future.set_result(chosen)
+                query.answer(chosen)
         except BaseException as err:  # the caller gets the error instead of waiting forever
             for query in queries:
-                if not query.future.done():
-                    query.future.set_exception(err)
+                query.answer(error=err)
         finally:
             with self._busy_lock:
                 self._busy_searches -= 1
