@@ -114,6 +114,9 @@ class Transition:
     terminated: bool = False
     score: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    penalty: float = 0.0
+    """Added to a valid step's reward in every reward mode: the env's own shaping (MiniHack's
+    ``penalty_step`` for a move that wastes a turn)."""
 
 
 class TextEnv(gym.Env[str, str]):
@@ -209,7 +212,7 @@ class TextEnv(gym.Env[str, str]):
         terminated = bool(result.valid and (result.terminated or result.won))
         if terminated:
             self._needs_reset = True
-        reward = self._reward(result, terminated)
+        reward = self._reward(result, terminated) + (result.penalty if result.valid else 0.0)
         observation, info = self._emit(result.observation, valid=result.valid, extra=result.info)
         return observation, reward, terminated, False, info
 

@@ -133,6 +133,34 @@ def test_unknown_task_or_variant_raises_with_the_choices():
         MiniHackEnv(task="castle")
 
 
+def test_penalty_step_charges_moves_into_walls_as_minihack_does():
+    """MiniHack's penalty_step: a move after which NetHack's clock stands still (into solid
+    stone) gets it, a move that walks gets 0, in either reward mode; the default stays binary.
+    An invalid action is not a game step and is not charged."""
+    for mode in ("binary", "score"):
+        env = gym.make("CRL/MiniHackRoom-v0", variant="plain", penalty_step=-0.25,
+                       reward_mode=mode)
+        env.reset(seed=0)
+        rewards, messages = [], []
+        for action in ["north"] * 6 + ["south", "dance"]:
+            obs, reward, *_ = env.step(action)
+            rewards.append(reward)
+            messages.append(obs.splitlines()[0])
+        env.close()
+        assert rewards[-3:-1] == [-0.25, 0.0] and rewards[-1] == 0.0
+        assert all(("solid stone" in m) == (r == -0.25) for m, r in zip(messages, rewards, strict=True))
+    env = gym.make("CRL/MiniHackRoom-v0", variant="plain")
+    env.reset(seed=0)
+    assert {env.step("north")[1] for _ in range(6)} == {0.0}
+    env.close()
+
+
+def test_hardening_penalty_step_outside_minus_one_to_zero_raises():
+    for bad in (0.5, -2.0, float("nan")):
+        with pytest.raises(ValueError, match=r"penalty_step=.*\[-1, 0\]"):
+            MiniHackEnv("room", "plain", penalty_step=bad)
+
+
 def test_keyroom_pickup_apply_and_door_through_the_real_game():
     env = gym.make("CRL/MiniHackKeyRoom-v0")
     obs, info = env.reset(seed=0)

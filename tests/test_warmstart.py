@@ -264,6 +264,10 @@ def test_demo_warm_starts_trains_and_reports_before_and_after(tiny, tmp_path, mo
     out = capsys.readouterr().out
     assert (tmp_path / "w" / "actor" / "adapter_config.json").exists()  # warm start ran first
     assert "held-out" in out and "training" in out and "bank:" in out
-    for phase in ("before", "after"):
-        report = json.loads((tmp_path / "run" / f"eval-{phase}-held-out" / "report.json").read_text())
+    for phase in ("before", "after"):  # both sets played in one batch, reported apart
+        report = json.loads((tmp_path / "run" / f"eval-{phase}" / "held-out" / "report.json")
+                            .read_text())
         assert [e["seed"] for e in report["episodes"]] == [50_000_000, 50_000_001]
+        report = json.loads((tmp_path / "run" / f"eval-{phase}" / "training" / "report.json")
+                            .read_text())
+        assert [e["seed"] for e in report["episodes"]] == [0, 1]

@@ -141,7 +141,9 @@ class MiniHackEnv(TextEnv):
     """A MiniHack task (real NetHack, via NLE) with a fog-of-war text map and actions by name.
 
     ``task`` is one of ``room``, ``maze``, ``keyroom``, ``river``; ``variant`` picks a room
-    variant (``ultimate`` by default, ``plain``, ``random``, ``dark``).
+    variant (``ultimate`` by default, ``plain``, ``random``, ``dark``). ``penalty_step`` is
+    MiniHack's own reward for a step after which the game's clock stands still (a move into a
+    wall): upstream's default is -0.01; ours is 0, a binary reward.
 
     Example:
         >>> import gymnasium as gym, crl_envs
@@ -161,8 +163,13 @@ class MiniHackEnv(TextEnv):
         variant: str | None = None,
         render_mode: str | None = None,
         reward_mode: str = "binary",
+        penalty_step: float = 0.0,
     ) -> None:
         super().__init__(render_mode=render_mode, reward_mode=reward_mode)
+        if not -1.0 <= penalty_step <= 0.0:  # also rejects NaN
+            raise ValueError(f"penalty_step={penalty_step!r} must lie in [-1, 0] (MiniHack's "
+                             "default is -0.01; 0 keeps the reward binary).")
+        self.penalty_step = float(penalty_step)
         self.spec_task, self.variant = _task(task, variant)
         self.task_name = task
         self.env_id = self.spec_task.env_id
@@ -255,7 +262,12 @@ class MiniHackEnv(TextEnv):
         return self._game_step(keystroke)
 
     def _game_step(self, keystroke: int) -> Transition:
+        clock = int(self._obs["blstats"][nethack.NLE_BL_TIME])  # the step refills self._obs
         self._obs, _, terminated, _, info = self._raw.step(self._action_index[keystroke])
+        # MiniHack's penalty_step: a step after which the game's clock stands still (a move into
+        # a wall) wasted a turn.
+        wasted = self._nle.nethack.in_normal_game() and \
+            int(self._obs["blstats"][nethack.NLE_BL_TIME]) == clock
         won = info["end_status"] == self._nle.StepStatus.TASK_SUCCESSFUL
         outcome = ""
         if won:
@@ -268,6 +280,7 @@ class MiniHackEnv(TextEnv):
             terminated=terminated,
             score=float(won),
             info={"end_status": int(info["end_status"])},
+            penalty=self.penalty_step if wasted else 0.0,
         )
 
     def _apply_key(self, direction: str) -> Transition:

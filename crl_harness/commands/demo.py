@@ -73,9 +73,11 @@ def run(args: argparse.Namespace) -> int:
     return train_and_evaluate(args.eval_episodes)
 
 
-def _evaluate(cfg: Any, actor: str, bank: Path | None, seeds: list[int], out: Path) -> Any:
-    """Greedy episodes of ``actor`` on ``seeds`` of the config's env (with ``bank`` when given):
-    the env's summary (success with its 95% Wilson interval)."""
+def _evaluate(cfg: Any, actor: str, bank: Path | None, sets: dict[str, list[int]],
+              out: Path) -> dict[str, Any]:
+    """Greedy episodes of ``actor`` on every seed set of the config's env (with ``bank`` when
+    given), played as one batch (one model load): each set's summary (success with its 95%
+    Wilson interval), and a report per set under ``out``."""
     from crl_harness.commands.eval import _RetrieveOnly
     from crl_harness.eval import episode_specs, evaluate, summarize, write_report
     from crl_harness.experience import ExperienceBank, ExperienceManager
@@ -88,10 +90,17 @@ def _evaluate(cfg: Any, actor: str, bank: Path | None, seeds: list[int], out: Pa
     rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
                             history=cfg.actor.history, experience_k=cfg.experience.k,
                             env_kwargs={entry.id: dict(entry.kwargs)})
+    seeds = [seed for set_seeds in sets.values() for seed in set_seeds]
     trajectories = evaluate(actor, episode_specs([entry.id], seeds, retriever is not None),
                             retriever=retriever, rollout=rollout)
-    write_report(out / "report.json", trajectories, meta={"agent": actor, "seeds": seeds})
-    return summarize(trajectories)[0]
+    summaries = {}
+    for name, set_seeds in sets.items():
+        wanted = set(set_seeds)
+        played = [t for t in trajectories if t.seed in wanted]
+        write_report(out / f"{name}" / "report.json", played,
+                     meta={"agent": actor, "seeds": set_seeds})
+        summaries[name] = summarize(played)[0]
+    return summaries
 
 
 def train_and_evaluate(episodes: int) -> int:
@@ -111,8 +120,7 @@ def train_and_evaluate(episodes: int) -> int:
     sets = {"held-out": list(range(t.heldout_offset, t.heldout_offset + episodes)),
             "training": list(range(t.seed_offset, t.seed_offset + min(t.seed_count, episodes)))}
     print(f"\nEvaluating the warm-started actor ({cfg.actor.model}) ...")
-    before = {name: _evaluate(cfg, cfg.actor.model, None, seeds, run_dir / f"eval-before-{name}")
-              for name, seeds in sets.items()}
+    before = _evaluate(cfg, cfg.actor.model, None, sets, run_dir / "eval-before")
 
     print("\nTraining with Complementary RL (crl train cpu-demo) ...")
     parser = argparse.ArgumentParser(prog="crl demo")
@@ -123,8 +131,7 @@ def train_and_evaluate(episodes: int) -> int:
     actor = sorted((run_dir / "checkpoints").glob("step-*"))[-1] / "actor_hf"
     print(f"\nEvaluating the trained actor ({actor}) with its bank ...")
     bank = run_dir / "bank.sqlite"
-    after = {name: _evaluate(cfg, f"hf:{actor}", bank, seeds, run_dir / f"eval-after-{name}")
-             for name, seeds in sets.items()}
+    after = _evaluate(cfg, f"hf:{actor}", bank, sets, run_dir / "eval-after")
     _print_summary(cfg, run_dir, before, after)
     return 0
 
