@@ -264,10 +264,12 @@ def test_demo_warm_starts_trains_and_reports_before_and_after(tiny, tmp_path, mo
     out = capsys.readouterr().out
     assert (tmp_path / "w" / "actor" / "adapter_config.json").exists()  # warm start ran first
     assert "held-out" in out and "training" in out and "bank:" in out
-    for phase in ("before", "after"):  # both sets played in one batch, reported apart
-        report = json.loads((tmp_path / "run" / f"eval-{phase}" / "held-out" / "report.json")
+    # every case of a phase played in one batch, reported apart
+    for case, seeds in (("before/held-out", [50_000_000, 50_000_001]), ("before/training", [0, 1]),
+                        ("after/held-out", [50_000_000, 50_000_001]),
+                        ("after/held-out-bank", [50_000_000, 50_000_001]),
+                        ("after/training-bank", [0, 1])):
+        phase, name = case.split("/")
+        report = json.loads((tmp_path / "run" / f"eval-{phase}" / name / "report.json")
                             .read_text())
-        assert [e["seed"] for e in report["episodes"]] == [50_000_000, 50_000_001]
-        report = json.loads((tmp_path / "run" / f"eval-{phase}" / "training" / "report.json")
-                            .read_text())
-        assert [e["seed"] for e in report["episodes"]] == [0, 1]
+        assert [e["seed"] for e in report["episodes"]] == seeds

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +74,11 @@ def run(args: argparse.Namespace) -> int:
     return train_and_evaluate(args.eval_episodes)
 
 
-def _evaluate(cfg: Any, actor: str, bank: Path | None, sets: dict[str, list[int]],
-              out: Path) -> dict[str, Any]:
-    """Greedy episodes of ``actor`` on every seed set of the config's env (with ``bank`` when
-    given), played as one batch (one model load): each set's summary (success with its 95%
-    Wilson interval), and a report per set under ``out``."""
+def _evaluate(cfg: Any, actor: str, bank: Path | None,
+              cases: dict[str, tuple[list[int], bool]], out: Path) -> dict[str, Any]:
+    """Greedy episodes of ``actor`` on the config's env for every case (name: its seeds and
+    whether its episodes retrieve from ``bank``), played as one batch (one model load): each
+    case's summary (success with its 95% Wilson interval), and a report per case under ``out``."""
     from crl_harness.commands.eval import _RetrieveOnly
     from crl_harness.eval import episode_specs, evaluate, summarize, write_report
     from crl_harness.experience import ExperienceBank, ExperienceManager
@@ -90,15 +91,17 @@ def _evaluate(cfg: Any, actor: str, bank: Path | None, sets: dict[str, list[int]
     rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
                             history=cfg.actor.history, experience_k=cfg.experience.k,
                             env_kwargs={entry.id: dict(entry.kwargs)})
-    seeds = [seed for set_seeds in sets.values() for seed in set_seeds]
-    trajectories = evaluate(actor, episode_specs([entry.id], seeds, retriever is not None),
-                            retriever=retriever, rollout=rollout)
+    specs, case_of = [], []  # an episode's group id is its place here, so cases never mix
+    for name, (seeds, with_bank) in cases.items():
+        for spec in episode_specs([entry.id], seeds, with_bank and retriever is not None):
+            specs.append(replace(spec, group_id=len(specs)))
+            case_of.append(name)
+    trajectories = evaluate(actor, specs, retriever=retriever, rollout=rollout)
     summaries = {}
-    for name, set_seeds in sets.items():
-        wanted = set(set_seeds)
-        played = [t for t in trajectories if t.seed in wanted]
-        write_report(out / f"{name}" / "report.json", played,
-                     meta={"agent": actor, "seeds": set_seeds})
+    for name, (seeds, _) in cases.items():
+        played = sorted((t for t in trajectories if case_of[t.group_id] == name),
+                        key=lambda t: t.group_id)
+        write_report(out / name / "report.json", played, meta={"agent": actor, "seeds": seeds})
         summaries[name] = summarize(played)[0]
     return summaries
 
@@ -120,7 +123,9 @@ def train_and_evaluate(episodes: int) -> int:
     sets = {"held-out": list(range(t.heldout_offset, t.heldout_offset + episodes)),
             "training": list(range(t.seed_offset, t.seed_offset + min(t.seed_count, episodes)))}
     print(f"\nEvaluating the warm-started actor ({cfg.actor.model}) ...")
-    before = _evaluate(cfg, cfg.actor.model, None, sets, run_dir / "eval-before")
+    before = _evaluate(cfg, cfg.actor.model, None,
+                       {name: (seeds, False) for name, seeds in sets.items()},
+                       run_dir / "eval-before")
 
     print("\nTraining with Complementary RL (crl train cpu-demo) ...")
     parser = argparse.ArgumentParser(prog="crl demo")
@@ -131,7 +136,13 @@ def train_and_evaluate(episodes: int) -> int:
     actor = sorted((run_dir / "checkpoints").glob("step-*"))[-1] / "actor_hf"
     print(f"\nEvaluating the trained actor ({actor}) with its bank ...")
     bank = run_dir / "bank.sqlite"
-    after = _evaluate(cfg, f"hf:{actor}", bank, sets, run_dir / "eval-after")
+    # Held-out levels alone (as before training) and with the bank, whose entries come from
+    # the training levels; the training levels with the bank, the method's own setting.
+    after = _evaluate(cfg, f"hf:{actor}", bank,
+                      {"held-out": (sets["held-out"], False),
+                       "held-out-bank": (sets["held-out"], True),
+                       "training-bank": (sets["training"], True)},
+                      run_dir / "eval-after")
     _print_summary(cfg, run_dir, before, after)
     return 0
 
@@ -144,13 +155,18 @@ def _print_summary(cfg: Any, run_dir: Path, before: dict, after: dict) -> None:
                if line.strip()]
     table = Table(title=f"crl demo: {cfg.tasks.envs[0].id} {dict(cfg.tasks.envs[0].kwargs)}, "
                         "greedy, success (95% Wilson interval)")
-    for column in ("tasks", "episodes", "warm start", "after training (with its bank)"):
+    for column in ("tasks", "episodes", "warm start", "after training",
+                   "after training, with its bank"):
         table.add_column(column)
+
+    def rate(summary: Any) -> str:
+        if summary is None:
+            return "-"
+        return f"{summary.success_rate:.0%} [{summary.ci_low:.0%}, {summary.ci_high:.0%}]"
+
     for name in before:
-        b, a = before[name], after[name]
-        table.add_row(name, str(b.episodes),
-                      f"{b.success_rate:.0%} [{b.ci_low:.0%}, {b.ci_high:.0%}]",
-                      f"{a.success_rate:.0%} [{a.ci_low:.0%}, {a.ci_high:.0%}]")
+        table.add_row(name, str(before[name].episodes), rate(before[name]),
+                      rate(after.get(name)), rate(after.get(f"{name}-bank")))
     console = Console()
     console.print(table)
     last = metrics[-1] if metrics else {}
