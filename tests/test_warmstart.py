@@ -267,7 +267,6 @@ def test_demo_warm_starts_trains_and_reports_before_and_after(tiny, tmp_path, mo
     # every case of a phase played in one batch, reported apart
     for case, seeds in (("before/held-out", [50_000_000, 50_000_001]), ("before/training", [0, 1]),
                         ("after/held-out", [50_000_000, 50_000_001]),
-                        ("after/held-out-bank", [50_000_000, 50_000_001]),
                         ("after/training-bank", [0, 1])):
         phase, name = case.split("/")
         report = json.loads((tmp_path / "run" / f"eval-{phase}" / name / "report.json")

@@ -134,13 +134,12 @@ def train_and_evaluate(episodes: int) -> int:
     if status:
         return status
     actor = sorted((run_dir / "checkpoints").glob("step-*"))[-1] / "actor_hf"
-    print(f"\nEvaluating the trained actor ({actor}) with its bank ...")
+    print(f"\nEvaluating the trained actor ({actor}), on the training levels with its bank ...")
     bank = run_dir / "bank.sqlite"
-    # Held-out levels alone (as before training) and with the bank, whose entries come from
-    # the training levels; the training levels with the bank, the method's own setting.
+    # Held-out levels alone, as before training (the bank holds lessons of the training levels
+    # only); the training levels with the bank, the method's own setting.
     after = _evaluate(cfg, f"hf:{actor}", bank,
                       {"held-out": (sets["held-out"], False),
-                       "held-out-bank": (sets["held-out"], True),
                        "training-bank": (sets["training"], True)},
                       run_dir / "eval-after")
     _print_summary(cfg, run_dir, before, after)
