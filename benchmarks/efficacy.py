@@ -4,7 +4,9 @@ experience (plain GRPO), from the same warm start and the same task seeds.
     .venv/bin/python benchmarks/efficacy.py                      # cpu-demo, 3 arms x 3 seeds
     .venv/bin/python benchmarks/efficacy.py --steps 2 --repeats 1 --arms co-evolve none
 
-For each arm and repeat it trains a fresh run (``--config``, default ``cpu-demo``, whose actor and
+For each arm and repeat it trains a fresh run, in a process of its own, ``--jobs`` at a time (default
+2, each with its share of the cores as ``run.torch_threads``: one run alone leaves a core of this
+2-core machine idle while it decodes or steps the env) (``--config``, default ``cpu-demo``, whose actor and
 extractor start from the shipped warm start; ``--set key=value`` overrides every arm) and reads
 its ``metrics.jsonl``. It prints the training-task success per step with the rollouts of the
 repeats pooled (95% Wilson intervals), a markdown table (final-step success, mean over steps,
@@ -16,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ARMS = ("co-evolve", "static", "none")
@@ -77,18 +82,29 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
                         help="config overrides for every arm")
     parser.add_argument("--out", default="runs/efficacy")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="runs trained at once, each in its own process (default 2)")
     args = parser.parse_args()
 
     if not 1 <= args.repeats <= 20 or (args.steps is not None and not 1 <= args.steps <= 10_000):
         parser.error("--repeats must be in 1..20 and --steps in 1..10000")
+    if not 1 <= args.jobs <= 16:
+        parser.error("--jobs must be in 1..16")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results: dict[str, list[list[dict]]] = {arm: [] for arm in args.arms}
-    for repeat in range(args.repeats):
-        for arm in args.arms:
-            results[arm].append(run_arm(args.config, arm, args.actor, args.seed + repeat,
-                                        args.steps, out, args.set))
+    # Each run's threads are its share of the cores: two runs with all of them each thrash.
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    overrides = [f"run.torch_threads={threads}", *args.set]
+    runs = [(arm, args.seed + repeat) for repeat in range(args.repeats) for arm in args.arms]
+    # A fresh process per run: nothing of one run's memory stays for the next.
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                             max_tasks_per_child=1) as pool:
+        futures = [pool.submit(run_arm, args.config, arm, args.actor, seed, args.steps, out,
+                               overrides) for arm, seed in runs]
+        results: dict[str, list[list[dict]]] = {arm: [] for arm in args.arms}
+        for (arm, _), future in zip(runs, futures, strict=True):
+            results[arm].append(future.result())
 
     curves = {arm: {part: pooled_curve(runs, part)
                     for part in (("all", "guided", "free") if arm != "none" else ("all",))}

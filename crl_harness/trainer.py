@@ -197,7 +197,17 @@ class Trainer:
         trajectories = [t for t in results if not t.error]
         times["rollout"] = time.perf_counter() - t0
 
-        # 3. Actor: GRPO with advantages inside each subgroup, frozen during warm-up.
+        # 3. Finished trajectories of the guided slots go to the Experience Manager at once: their
+        #    distillation runs in the background while the actor trains (PAPER.md's two loops);
+        #    during warm-up they played without experience, and fill the bank.
+        if self.experience is not None:
+            G, guided = cfg.tasks.group_size, cfg.tasks.guided_per_group
+            self.experience.submit([
+                DistillationRequest(t.env_id, t.task, t.transcript, t.won, t.score,
+                                    list(t.experience_ids), step)
+                for i, t in enumerate(results) if i % G < guided and not t.error])
+
+        # 4. Actor: GRPO with advantages inside each subgroup, frozen during warm-up.
         t0 = time.perf_counter()
         actor_stats = None
         if not warming_up:
@@ -205,15 +215,6 @@ class Trainer:
                 self._actor_rows(trajectories),
                 functools.partial(grpo_loss, clip_eps=cfg.actor.clip_eps))
         times["actor_update"] = time.perf_counter() - t0
-
-        # 4. Finished trajectories of the guided slots go to the Experience Manager (background
-        #    distillation); during warm-up they played without experience, and fill the bank.
-        if self.experience is not None:
-            G, guided = cfg.tasks.group_size, cfg.tasks.guided_per_group
-            self.experience.submit([
-                DistillationRequest(t.env_id, t.task, t.transcript, t.won, t.score,
-                                    list(t.experience_ids), step)
-                for i, t in enumerate(results) if i % G < guided and not t.error])
 
         # 5. Extractor: each used generation's reward is the mean credit of all the episodes
         #    that used what it wrote so far; it waits, still collecting credit, until trained.
