@@ -4,15 +4,16 @@ experience (plain GRPO), from the same warm start and the same task seeds.
     .venv/bin/python benchmarks/efficacy.py                      # cpu-demo, 3 arms x 3 seeds
     .venv/bin/python benchmarks/efficacy.py --steps 2 --repeats 1 --arms co-evolve none
 
-For each arm and repeat it trains a fresh run, in a process of its own, ``--jobs`` at a time (default
-2, each with its share of the cores as ``run.torch_threads``: one run alone leaves a core of this
-2-core machine idle while it decodes or steps the env) (``--config``, default ``cpu-demo``, whose actor and
+For each arm and repeat it trains a fresh run (``--config``, default ``cpu-demo``, whose actor and
 extractor start from the shipped warm start; ``--set key=value`` overrides every arm) and reads
-its ``metrics.jsonl``. It prints the training-task success per step with the rollouts of the
-repeats pooled (95% Wilson intervals), a markdown table (final-step success, mean over steps,
-guided vs free subgroups) and writes ``efficacy.png`` and ``efficacy.json`` into ``--out``. Run
-seeds are ``--seed``, ``--seed + 1``, ...: the arms of one repeat see the same task seeds (the
-task sampler depends only on the run seed and the step)."""
+its ``metrics.jsonl``. Runs train ``--jobs`` at a time (default 2), each in a process of its own
+with its share of the cores as ``run.torch_threads``: on 2 cores a pair of runs takes 1.7x one
+run alone (a lone run kept 1.7 of the 2 cores busy in `time -v`). It prints the
+training-task success per step with the rollouts of the repeats pooled (95% Wilson intervals), a
+markdown table (final-step success, mean over steps, guided vs free subgroups) and writes
+``efficacy.png`` and ``efficacy.json`` into ``--out``. Run seeds are ``--seed``, ``--seed + 1``,
+...: the arms of one repeat see the same task seeds (the task sampler depends only on the run
+seed and the step)."""
 
 from __future__ import annotations
 
