@@ -20,20 +20,20 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ARMS = ("co-evolve", "static", "none")
 
 
 def run_arm(config: str, arm: str, actor: str | None, seed: int, steps: int | None, out: Path,
-            overrides: list[str]) -> list[dict]:
+            overrides: list[str]) -> None:
+    """Train one run into ``out/ARM-seedSEED`` (its metrics.jsonl is what the table reads)."""
     from crl_harness.config import load_config
     from crl_harness.trainer import Trainer
-    from crl_harness.training.metrics import read_metrics
 
     run_dir = out / f"{arm}-seed{seed}"
     settings = [*overrides, f"arm={arm}", f"run.seed={seed}", f"run.output_dir={run_dir}",
@@ -46,7 +46,30 @@ def run_arm(config: str, arm: str, actor: str | None, seed: int, steps: int | No
     start = time.perf_counter()
     Trainer(cfg).train()
     print(f"  {arm} seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
-    return read_metrics(run_dir / "metrics.jsonl")
+
+
+def train_all(runs: list[tuple[str, int]], args: argparse.Namespace, out: Path,
+              overrides: list[str]) -> None:
+    """Train every (arm, seed) run, ``args.jobs`` at a time, each in a fresh process (nothing of
+    one run's memory stays for the next); the first run that fails stops the others."""
+    context = multiprocessing.get_context("spawn")
+    waiting, running = list(runs), {}
+    while waiting or running:
+        while waiting and len(running) < args.jobs:
+            arm, seed = waiting.pop(0)
+            process = context.Process(target=run_arm, name=f"the {arm} run of seed {seed}",
+                                      args=(args.config, arm, args.actor, seed, args.steps, out,
+                                            overrides))
+            process.start()
+            running[process.sentinel] = process
+        for sentinel in multiprocessing.connection.wait(list(running)):
+            process = running.pop(sentinel)
+            process.join()
+            if process.exitcode != 0:
+                for other in running.values():
+                    other.terminate()
+                raise SystemExit(f"efficacy: {process.name} failed (exit code {process.exitcode}, "
+                                 "its traceback above); the runs still training were stopped")
 
 
 def pooled_curve(runs: list[list[dict]], part: str) -> list[dict]:
@@ -98,14 +121,11 @@ def main() -> None:
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     overrides = [f"run.torch_threads={threads}", *args.set]
     runs = [(arm, args.seed + repeat) for repeat in range(args.repeats) for arm in args.arms]
-    # A fresh process per run: nothing of one run's memory stays for the next.
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
-                             max_tasks_per_child=1) as pool:
-        futures = [pool.submit(run_arm, args.config, arm, args.actor, seed, args.steps, out,
-                               overrides) for arm, seed in runs]
-        results: dict[str, list[list[dict]]] = {arm: [] for arm in args.arms}
-        for (arm, _), future in zip(runs, futures, strict=True):
-            results[arm].append(future.result())
+    train_all(runs, args, out, overrides)
+    from crl_harness.training.metrics import read_metrics
+
+    results = {arm: [read_metrics(out / f"{a}-seed{seed}" / "metrics.jsonl")
+                     for a, seed in runs if a == arm] for arm in args.arms}
 
     curves = {arm: {part: pooled_curve(runs, part)
                     for part in (("all", "guided", "free") if arm != "none" else ("all",))}
