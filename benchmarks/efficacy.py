@@ -29,23 +29,33 @@ from pathlib import Path
 ARMS = ("co-evolve", "static", "none")
 
 
-def run_arm(config: str, arm: str, actor: str | None, seed: int, steps: int | None, out: Path,
-            overrides: list[str]) -> None:
-    """Train one run into ``out/ARM-seedSEED`` (its metrics.jsonl is what the table reads)."""
+def run_config(config: str, arm: str, actor: str | None, seed: int, steps: int | None, out: Path,
+               overrides: list[str]):
+    """The config of one run, trained into ``out/ARM-seedSEED``."""
     from crl_harness.config import load_config
-    from crl_harness.trainer import Trainer
 
-    run_dir = out / f"{arm}-seed{seed}"
-    settings = [*overrides, f"arm={arm}", f"run.seed={seed}", f"run.output_dir={run_dir}",
-                "run.checkpoint_every=1000000"]
+    settings = [*overrides, f"arm={arm}", f"run.seed={seed}",
+                f"run.output_dir={out / f'{arm}-seed{seed}'}", "run.checkpoint_every=1000000"]
     if steps is not None:
         settings.append(f"run.steps={steps}")
     if actor:
         settings.append(f"actor.model={actor}")
-    cfg = load_config(config, settings)
+    return load_config(config, settings)
+
+
+def run_arm(*run: object) -> None:
+    """Train one run (``run_config``'s arguments); its metrics.jsonl is what the table reads. A
+    missing model or data, or a full disk, ends the process with one line, as ``crl`` does."""
+    from crl_envs.errors import UserFacingError
+    from crl_harness.trainer import Trainer
+
+    cfg = run_config(*run)
     start = time.perf_counter()
-    Trainer(cfg).train()
-    print(f"  {arm} seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
+    try:
+        Trainer(cfg).train()
+    except (UserFacingError, OSError) as err:
+        raise SystemExit(f"efficacy: {cfg.run.output_dir}: {err}") from None
+    print(f"  {cfg.arm} seed {cfg.run.seed}: {time.perf_counter() - start:.0f} s", flush=True)
 
 
 def train_all(runs: list[tuple[str, int]], args: argparse.Namespace, out: Path,
@@ -69,7 +79,7 @@ def train_all(runs: list[tuple[str, int]], args: argparse.Namespace, out: Path,
                 for other in running.values():
                     other.terminate()
                 raise SystemExit(f"efficacy: {process.name} failed (exit code {process.exitcode}, "
-                                 "its traceback above); the runs still training were stopped")
+                                 "its error above); the runs still training were stopped")
 
 
 def pooled_curve(runs: list[list[dict]], part: str) -> list[dict]:
@@ -115,21 +125,28 @@ def main() -> None:
     if not 1 <= args.jobs <= 16:
         parser.error("--jobs must be in 1..16")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     # Each run's threads are its share of the cores: two runs with all of them each thrash.
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     overrides = [f"run.torch_threads={threads}", *args.set]
     runs = [(arm, args.seed + repeat) for repeat in range(args.repeats) for arm in args.arms]
+    from crl_harness.config import ConfigError
+
+    try:  # a bad --set stops here, not in every run's process
+        for arm, seed in runs:
+            run_config(args.config, arm, args.actor, seed, args.steps, out, overrides)
+    except ConfigError as err:
+        parser.error(str(err))
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     train_all(runs, args, out, overrides)
     from crl_harness.training.metrics import read_metrics
 
     results = {arm: [read_metrics(out / f"{a}-seed{seed}" / "metrics.jsonl")
                      for a, seed in runs if a == arm] for arm in args.arms}
 
-    curves = {arm: {part: pooled_curve(runs, part)
+    curves = {arm: {part: pooled_curve(arm_runs, part)
                     for part in (("all", "guided", "free") if arm != "none" else ("all",))}
-              for arm, runs in results.items()}
+              for arm, arm_runs in results.items()}
     steps = min(len(c["all"]) for c in curves.values())
     print(f"\ntraining-task success per step, rollouts pooled over {args.repeats} seed(s), "
           "95% Wilson intervals")

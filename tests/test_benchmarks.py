@@ -17,6 +17,7 @@ EFFICACY = Path(__file__).resolve().parents[1] / "benchmarks" / "efficacy.py"
     (["--repeats", "0"], "--repeats must be in 1..20"),
     (["--steps", "0"], "--steps in 1..10000"),
     (["--arms", "grpo"], "invalid choice"),
+    (["--set", "actor.no_such_key=1"], "no_such_key"),
 ])
 def test_hardening_efficacy_flags_out_of_range_stop_with_usage(tmp_path, flags, message):
     done = subprocess.run([sys.executable, str(EFFICACY), "--out", str(tmp_path / "out"), *flags],
@@ -34,5 +35,6 @@ def test_hardening_efficacy_stops_at_the_first_failed_run_and_names_it(tmp_path)
     assert done.returncode == 1
     assert "efficacy: the none run of seed 0 failed" in done.stderr
     assert "no-such-model" in done.stderr
+    assert "Traceback" not in done.stderr  # one line, as `crl` says it
     assert not (tmp_path / "none-seed1").exists()  # the second run was never started
     assert not (tmp_path / "efficacy.json").exists()
