@@ -44,6 +44,7 @@ from crl_harness.experience.ask import (
     refused_observation,
     tool_instructions,
 )
+from crl_harness.experience.bank import clean_text
 from crl_harness.experience.gate import Verdict, gate_messages, parse_verdict
 from crl_harness.models.base import STOP, Generation, ModelBackend
 from crl_harness.prompting import Conversation, format_error_message, parse_answer, system_prompt
@@ -240,6 +241,10 @@ class LiveEpisode:
     ``tools``: a block appended to the system prompt (the search-and-ask instructions of a
     guided episode). ``experience`` is the experience text the system prompt carries;
     ``set_experience`` replaces it before the first turn (the actor-critic gate's verdict).
+
+    Text enters the prompts as valid Unicode (``clean_text``): a lone surrogate, which a JSON
+    escape in a model's reply or a foreign env can produce, makes a tokenizer raise, and would
+    end every episode of the batch with it.
     """
 
     def __init__(self, spec: EpisodeSpec, env: gym.Env, history: int | None,
@@ -267,8 +272,10 @@ class LiveEpisode:
             options["use_experience"] = self.spec.use_experience
         observation, info = self.env.reset(seed=self.spec.seed, options=options)
         self.info = info
-        instructions = info.get("instructions") or getattr(self.env.unwrapped, "instructions", "")
-        experience = info.get("experience", "") or ""
+        instructions = clean_text(info.get("instructions")
+                                  or getattr(self.env.unwrapped, "instructions", ""))
+        experience = clean_text(info.get("experience", "") or "")
+        observation = clean_text(observation)
         # The wrapper appends "HEADER\nEXPERIENCE" to the instructions; it is kept apart so that
         # the gate can remove or restate it, and put back in the same place otherwise.
         block = f"{DEFAULT_HEADER}\n{experience}"
@@ -278,7 +285,7 @@ class LiveEpisode:
         elif experience in instructions:
             experience = ""  # already in the instructions some other way
         self.instructions, self.experience = instructions, experience
-        task = info.get("task", "") or ""
+        task = clean_text(info.get("task", "") or "")
         self.task_line = "" if task in observation else task
         self.trajectory.task = task
         self.trajectory.task_id = task_id_of(self.spec.env_id, self.spec.seed, info)
@@ -293,7 +300,7 @@ class LiveEpisode:
 
     def set_experience(self, text: str) -> None:
         """Replace the experience of the system prompt (before the first turn)."""
-        self.experience = text
+        self.experience = clean_text(text)
         self.conversation.system = self._system()
 
     def _system(self) -> str:
@@ -307,8 +314,8 @@ class LiveEpisode:
         return f"{system}\n\n{self.tools}" if self.tools else system
 
     def observe(self, observation: str) -> None:
-        self.observation = observation
-        self.conversation.observe(observation)
+        self.observation = clean_text(observation)
+        self.conversation.observe(self.observation)
 
     def step(self, turn: Turn) -> None:
         observation, reward, terminated, truncated, info = self.env.step(turn.action)
@@ -322,8 +329,8 @@ class LiveEpisode:
         traj.invalid_actions += not turn.action_valid
         traj.terminated, traj.truncated = bool(terminated), bool(truncated)
         self.done = terminated or truncated
-        self.state = observation
-        self.observe(observation)
+        self.state = clean_text(observation)
+        self.observe(self.state)
 
 
 class _RetrieveOnly:
@@ -499,7 +506,7 @@ class RolloutEngine:
         )
         traj = episode.trajectory
         traj.turns.append(turn)
-        episode.conversation.reply(generation.text)
+        episode.conversation.reply(clean_text(generation.text))
         if query is not None:
             self._record_ask(episode, turn, query)
             return turn

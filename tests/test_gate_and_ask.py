@@ -197,6 +197,36 @@ def test_hardening_refined_knowledge_is_cut_to_its_bound():
     assert verdict.format_ok and len(verdict.knowledge) == MAX_REFINED_CHARS
 
 
+def test_hardening_refine_knowledge_with_a_lone_surrogate_is_cleaned_not_a_crash(tokenizer,
+                                                                                   manager):
+    # Plain ASCII a model can write; json.loads makes it a lone surrogate, which the tokenizer
+    # of the next prompt (the episode's system prompt) cannot encode (issue 34, defect 1).
+    reply = '<think>j</think><answer>{"verdict": "refine", "knowledge": "\\ud83d go up"}</answer>'
+    assert parse_verdict(reply).knowledge == "\ufffd go up"
+    actor = ScriptedActor(tokenizer, reply)
+    traj = _play(actor, manager, actor_critic_gate=True)
+    assert traj.error == "" and traj.won and traj.gate.verdict == "refine"
+    assert f"{DEFAULT_HEADER}\n\ufffd go up" in _first_action_system(actor)
+
+
+def test_hardening_reply_parsers_take_linear_time():
+    import time
+
+    from crl_harness.experience.ask import parse_answer_text
+    from crl_harness.prompting import parse_answer
+
+    replies = [(parse_answer, "<think>" + "</think><answer>" * 4_000),
+               (parse_verdict, "<answer>" * 8_000), (parse_answer_text, "<answer>" * 8_000),
+               (parse_ask, "<think>" + "</think>" * 8_000)]
+    for parse, reply in replies:
+        reply = (reply * (65_536 // len(reply) + 1))[:65_536]
+        started = time.perf_counter()
+        parse(reply)
+        assert time.perf_counter() - started < 0.1, parse.__name__
+    assert parse_verdict('<answer>{"verdict": "reject"}</answer><answer>x').verdict == "reject"
+    assert parse_verdict("<answer>" + "[" * 100_000 + "</answer>").error  # too deep, no crash
+
+
 # ------------------------------------------------------------------ search-and-ask
 def test_two_asks_are_answered_by_the_extractor_and_a_third_is_refused(tokenizer, manager):
     actor = ScriptedActor(tokenizer, asks=["where do boxes go?", "what blocks a box?", "more?"])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from crl_harness.experience.prompts import load_prompt
+from crl_harness.prompting import last_answer_block
 
 __all__ = ["ASK_OPEN", "ASK_CLOSE", "NO_KNOWLEDGE", "AskStatus", "AskRecord", "AskAnswer",
            "parse_ask", "tool_instructions", "answer_prompt", "parse_answer_text",
@@ -36,7 +37,6 @@ AskStatus = Literal["answered", "refused", "empty"]
 # ignored (the stop string ends generation there; a backend without stop strings may run on).
 _ASK = re.compile(r"\A\s*(?:<think>.*?</think>\s*)?" + re.escape(ASK_OPEN) + r"(?P<query>.*?)"
                   r"(?:" + re.escape(ASK_CLOSE) + r"|\Z)", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 @dataclass
@@ -101,8 +101,8 @@ def parse_answer_text(text: str) -> str | None:
     >>> parse_answer_text("<think>hm</think><answer> Go east. </answer>")
     'Go east.'
     """
-    blocks = [b.strip() for b in _ANSWER.findall(text)]
-    return blocks[-1] if blocks and blocks[-1] else None
+    block = (last_answer_block(text) or "").strip()
+    return block or None
 
 
 def answer_observation(answer: str, observation: str) -> str:

@@ -14,12 +14,13 @@ hides experience from the actor nor punishes the extractor.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Literal
 
+from crl_harness.experience.bank import clean_text
 from crl_harness.experience.prompts import load_prompt
 from crl_harness.models.base import Message
+from crl_harness.prompting import last_answer_block
 
 __all__ = ["CRITIC_SCORES", "MAX_REFINED_CHARS", "Verdict", "GateVerdict", "parse_verdict",
            "gate_messages"]
@@ -29,8 +30,6 @@ Verdict = Literal["accept", "refine", "reject"]
 CRITIC_SCORES: dict[str, float] = {"accept": 1.0, "refine": 0.5, "reject": -1.0}
 MAX_REFINED_CHARS = 2_000
 """a refined knowledge longer than this is cut (it goes into every prompt of the episode)"""
-
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -66,13 +65,15 @@ def parse_verdict(text: str) -> GateVerdict:
     """The verdict in the last ``<answer>{"verdict": ...}</answer>`` block of ``text``; anything
     else (no block, not JSON, an unknown verdict, a refine without knowledge) is accept with
     ``format_ok`` false and the reason in ``error``."""
-    blocks = _ANSWER.findall(text)
-    if not blocks:
+    block = last_answer_block(text)
+    if block is None:
         return _malformed("no <answer>...</answer> block")
     try:
-        decision = json.loads(blocks[-1])
+        decision = json.loads(block)
     except json.JSONDecodeError as err:
         return _malformed(f"the answer is not JSON ({err.msg})")
+    except RecursionError:  # "[[[[..." within a reply
+        return _malformed("the answer nests too deeply to be a verdict")
     if not isinstance(decision, dict):
         return _malformed("the answer is not a JSON object")
     verdict = decision.get("verdict")
@@ -83,7 +84,9 @@ def parse_verdict(text: str) -> GateVerdict:
     knowledge = decision.get("knowledge")
     if not isinstance(knowledge, str) or not knowledge.strip():
         return _malformed("a refine verdict needs a non-empty \"knowledge\" string")
-    return GateVerdict("refine", knowledge.strip()[:MAX_REFINED_CHARS])
+    # JSON escapes can spell lone surrogates ("\\ud83d"), which no tokenizer encodes: cleaned as
+    # bank text is, since the knowledge goes into the episode's system prompt.
+    return GateVerdict("refine", clean_text(knowledge.strip()[:MAX_REFINED_CHARS]))
 
 
 def gate_messages(task_prompt: str, observation: str, knowledge: str) -> list[Message]:

@@ -21,6 +21,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from crl_harness.prompting import last_answer_block
+
 __all__ = [
     "Add", "Update", "Vote", "Merge", "Rewrite", "Discard", "Operation",
     "ParseLimits", "ParseResult", "parse_distillation", "parse_merge", "extract_answer",
@@ -118,13 +120,10 @@ class _Reject(ValueError):
 
 def extract_answer(text: str, max_chars: int) -> str:
     """The body of the last ``<answer>...</answer>`` (code fences removed); raises ``_Reject``."""
-    end = text.rfind("</answer>")
-    if end < 0:
+    body = last_answer_block(text)
+    if body is None:
         raise _Reject("no <answer>...</answer> block")
-    start = text.rfind("<answer>", 0, end)
-    if start < 0:
-        raise _Reject("</answer> without <answer>")
-    body = text[start + len("<answer>"):end].strip()
+    body = body.strip()
     if len(body) > max_chars:
         raise _Reject(f"answer longer than {max_chars} characters")
     if body.startswith("```"):
