@@ -4,9 +4,16 @@ experience (plain GRPO), from the same warm start and the same task seeds.
     .venv/bin/python benchmarks/efficacy.py                      # cpu-demo, 3 arms x 3 seeds
     .venv/bin/python benchmarks/efficacy.py --steps 2 --repeats 1 --arms co-evolve none
 
-For each arm and repeat it trains a fresh run (``--config``, default ``cpu-demo``, whose actor and
-extractor start from the shipped warm start; ``--set key=value`` overrides every arm) and reads
-its ``metrics.jsonl``. Runs train ``--jobs`` at a time (default 2), each in a process of its own
+For each arm and repeat it trains a fresh run into ``--out`` (default a fresh
+``runs/efficacy-TIMESTAMP``; ``--config``, default ``cpu-demo``, whose actor and extractor start
+from the shipped warm start; ``--set key=value`` overrides every arm), reads its
+``metrics.jsonl``, and plays the checkpoint that its trainer returned greedily on
+``--eval-levels`` held-out levels (default 128), one episode a level, without a bank
+(``ARM-seedN/heldout.json``: every level's outcome). The warm start plays the same levels
+(cached: free the second time). Printed: per arm, held-out success and its paired difference
+against the warm start (levels x seeds pooled), every pair of arms paired the same way, and guided
+against free inside the same groups of training (paired slot by slot), each with its 95%
+interval and McNemar's exact p. Runs train ``--jobs`` at a time (default 2), each in a process of its own
 with its share of the cores as ``run.torch_threads``: on 2 cores a pair of runs takes 1.7x one
 run alone (a lone run kept 1.7 of the 2 cores busy in `time -v`). It prints the
 training-task success per step with the rollouts of the repeats pooled (95% Wilson intervals), a
@@ -43,18 +50,32 @@ def run_config(config: str, arm: str, actor: str | None, seed: int, steps: int |
     return load_config(config, settings)
 
 
-def run_arm(*run: object) -> None:
-    """Train one run (``run_config``'s arguments); its metrics.jsonl is what the table reads. A
-    missing model or data, or a full disk, ends the process with one line, as ``crl`` does."""
+def heldout_seeds(cfg, levels: int) -> list[int]:
+    return list(range(cfg.tasks.heldout_offset, cfg.tasks.heldout_offset + levels))
+
+
+def run_arm(levels: int, *run: object) -> None:
+    """Train one run (``run_config``'s arguments), then play the checkpoint its trainer returned
+    on ``levels`` held-out levels without a bank; its metrics.jsonl and heldout.json are what
+    the tables read. A missing model or data, or a full disk, ends the process with one line,
+    as ``crl`` does."""
     from crl_envs.errors import UserFacingError
+    from crl_harness.heldout import evaluate_levels
     from crl_harness.trainer import Trainer
 
     cfg = run_config(*run)
+    run_dir = Path(cfg.run.output_dir)
     start = time.perf_counter()
     try:
-        Trainer(cfg).train()
+        trainer = Trainer(cfg)
+        trainer.train()
+        actor = trainer.last_checkpoint / "actor_hf"
+        outcomes = evaluate_levels(cfg, f"hf:{actor}", {"held-out": (heldout_seeds(cfg, levels),
+                                                                     False)}, run_dir / "eval")
     except (UserFacingError, OSError) as err:
         raise SystemExit(f"efficacy: {cfg.run.output_dir}: {err}") from None
+    (run_dir / "heldout.json").write_text(json.dumps(
+        {"actor": str(actor), "outcomes": outcomes["held-out"]}, indent=2))
     print(f"  {cfg.arm} seed {cfg.run.seed}: {time.perf_counter() - start:.0f} s", flush=True)
 
 
@@ -68,8 +89,8 @@ def train_all(runs: list[tuple[str, int]], args: argparse.Namespace, out: Path,
         while waiting and len(running) < args.jobs:
             arm, seed = waiting.pop(0)
             process = context.Process(target=run_arm, name=f"the {arm} run of seed {seed}",
-                                      args=(args.config, arm, args.actor, seed, args.steps, out,
-                                            overrides))
+                                      args=(args.eval_levels, args.config, arm, args.actor, seed,
+                                            args.steps, out, overrides))
             process.start()
             running[process.sentinel] = process
         for sentinel in multiprocessing.connection.wait(list(running)):
@@ -98,6 +119,63 @@ def pooled_curve(runs: list[list[dict]], part: str) -> list[dict]:
     return curve
 
 
+def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Path,
+                  results: dict[str, list[list[dict]]], overrides: list[str]) -> dict:
+    """Print and return the paired endpoints: held-out success per arm against the warm start
+    and between arms (pairs: level x seed), and guided against free inside training's groups."""
+    from crl_harness.eval import PairedDifference, format_paired, format_rate, paired_difference
+    from crl_harness.heldout import default_cache, evaluate_levels
+
+    warm_cfg = run_config(args.config, args.arms[0], args.actor, args.seed, args.steps, out,
+                          overrides)
+    warm = evaluate_levels(warm_cfg, warm_cfg.actor.model,
+                           {"held-out": (heldout_seeds(warm_cfg, args.eval_levels), False)},
+                           out / "warm-start", cache=default_cache())["held-out"]
+    heldout = {(arm, seed): {int(s): won for s, won in json.loads(
+        (out / f"{arm}-seed{seed}" / "heldout.json").read_text())["outcomes"].items()}
+        for arm, seed in runs}
+    seeds = sorted({seed for _, seed in runs})
+
+    def pooled(a: dict[int, dict[int, bool]], b: dict[int, dict[int, bool]]) -> PairedDifference:
+        """B minus A, the (seed, level) pairs of every seed pooled."""
+        pairs = [(a[seed][level], b[seed][level]) for seed in seeds
+                 for level in sorted(a[seed].keys() & b[seed].keys())]
+        return paired_difference([x for x, _ in pairs], [y for _, y in pairs])
+
+    by_arm = {arm: {seed: heldout[arm, seed] for seed in seeds} for arm in args.arms}
+    warm_by_seed = {seed: warm for seed in seeds}  # greedy: the warm start plays each level once
+    report: dict = {"eval_levels": args.eval_levels, "warm_start": warm, "arms": {},
+                    "between_arms": {}, "guided_vs_free": {}}
+    print(f"\nheld-out success, {args.eval_levels} levels x {len(seeds)} seed(s), greedy, no "
+          "bank; [95% Wilson interval]; paired differences [95% CI], McNemar's exact p")
+    print(f"  warm start: {format_rate(sum(warm.values()), len(warm))}")
+    for arm in args.arms:
+        d = pooled(warm_by_seed, by_arm[arm])
+        report["arms"][arm] = d.to_dict()
+        print(f"  {arm}: {format_rate(d.b_wins, d.n)}; against the warm start "
+              f"{format_paired(d, 'warm start', arm)}")
+    for i, a in enumerate(args.arms):
+        for b in args.arms[i + 1:]:
+            d = pooled(by_arm[a], by_arm[b])
+            report["between_arms"][f"{b} - {a}"] = d.to_dict()
+            print(f"  {b} - {a}: {format_paired(d, a, b)}")
+    print("\nguided against free inside the same training groups (slot by slot, steps and seeds "
+          "pooled)")
+    for arm, arm_runs in results.items():
+        if arm == "none":
+            continue
+        counts = {key: sum(int(r.get(f"pairs/{key}", 0)) for run in arm_runs for r in run)
+                  for key in ("guided_free", "free_wins", "guided_wins", "free_only",
+                              "guided_only")}
+        d = PairedDifference(n=counts["guided_free"], a_wins=counts["free_wins"],
+                             b_wins=counts["guided_wins"], only_a=counts["free_only"],
+                             only_b=counts["guided_only"])
+        report["guided_vs_free"][arm] = d.to_dict()
+        print(f"  {arm}: guided {format_rate(d.b_wins, d.n)}, free {format_rate(d.a_wins, d.n)}; "
+              f"guided - free {format_paired(d, 'free', 'guided')}")
+    return report
+
+
 def _cell(point: dict) -> str:
     return (f"{100 * point['rate']:.0f}% [{100 * point['interval'][0]:.0f}, "
             f"{100 * point['interval'][1]:.0f}]")
@@ -115,7 +193,12 @@ def main() -> None:
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=ARMS)
     parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
                         help="config overrides for every arm")
-    parser.add_argument("--out", default="runs/efficacy")
+    parser.add_argument("--out", default=None,
+                        help="a new output folder (default runs/efficacy-TIMESTAMP)")
+    parser.add_argument("--eval-levels", type=int, default=128,
+                        help="held-out levels each run's final actor and the warm start play, "
+                             "one greedy episode each (default 128: about 90%% power for +15 "
+                             "points, paired)")
     parser.add_argument("--jobs", type=int, default=2,
                         help="runs trained at once, each in its own process (default 2)")
     args = parser.parse_args()
@@ -124,7 +207,11 @@ def main() -> None:
         parser.error("--repeats must be in 1..20 and --steps in 1..10000")
     if not 1 <= args.jobs <= 16:
         parser.error("--jobs must be in 1..16")
-    out = Path(args.out)
+    from crl_harness.config import HELDOUT_RESERVED
+
+    if not 1 <= args.eval_levels <= HELDOUT_RESERVED:
+        parser.error(f"--eval-levels must be in 1..{HELDOUT_RESERVED}")
+    out = Path(args.out or time.strftime("runs/efficacy-%Y%m%d-%H%M%S"))
     # Each run's threads are its share of the cores: two runs with all of them each thrash.
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     overrides = [f"run.torch_threads={threads}", *args.set]
@@ -164,10 +251,12 @@ def main() -> None:
         free = f"{100 * mean['free']:.0f}%" if "free" in mean else "-"
         print(f"| {arm} | {_cell(c['all'][steps - 1])} | {100 * mean['all']:.0f}% | {guided} | "
               f"{free} |")
+    paired = paired_report(runs, args, out, results, overrides)
     print(f"\n{args.repeats} seed(s) x {len(args.arms)} arm(s) in "
           f"{time.perf_counter() - started:.0f} s")
 
     (out / "efficacy.json").write_text(json.dumps({"args": vars(args), "curves": curves,
+                                                  "paired": paired,
                                                   "seconds": time.perf_counter() - started},
                                                   indent=2))
     import matplotlib

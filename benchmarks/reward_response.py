@@ -30,7 +30,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3, help="max_episode_steps of the task")
     parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
                         help="more config overrides (e.g. actor.lr=1e-6)")
-    parser.add_argument("--out", default="runs/reward-response")
+    parser.add_argument("--out", default=None,
+                        help="a new run directory (default runs/reward-response-TIMESTAMP)")
     args = parser.parse_args()
     if args.episodes % 4 or not 1 <= args.steps <= 100 or not 1 <= args.turns <= 30:
         parser.error("--episodes must be a multiple of 4, --steps 1-100, --turns 1-30")
@@ -39,7 +40,7 @@ def main() -> None:
     from crl_harness.trainer import Trainer
 
     cfg = load_config(args.config, [
-        "arm=none", f"run.output_dir={args.out}", f"run.steps={args.steps}",
+        "arm=none", f"run.output_dir={args.out or time.strftime('runs/reward-response-%Y%m%d-%H%M%S')}", f"run.steps={args.steps}",
         "run.checkpoint_every=1000000", "run.tensorboard=false", "actor.warmup_steps=0",
         "tasks.group_size=4", f"tasks.groups_per_step={args.episodes // 4}",
         "tasks.seed_count=1000000", *args.set])

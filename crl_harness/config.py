@@ -219,6 +219,9 @@ class ExperienceConfig:
     """search-and-ask: asks answered per episode (released: 2); later ones are refused"""
     max_query_chars: int = 1_000
     """search-and-ask: a longer query is cut to this many characters before it is sent"""
+    initial_bank: Optional[str] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """a bank export (``bank.jsonl``, e.g. a checkpoint's) whose entries a fresh run starts from;
+    none: a fresh run starts with an empty bank (arm none ignores it)"""
 
 
 @dataclass

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from crl_harness.config import TrainConfig, config_to_dict
+from crl_harness.eval import paired_difference
 from crl_harness.experience import (
     CRITIC_SCORES,
     DistillationRequest,
@@ -63,14 +64,10 @@ from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats
 from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
 from crl_harness.training.packing import pack_turns
+from crl_harness.training.run_directory import ResumeError, RunDirectory, RunDirectoryError
 from crl_harness.training.sampler import TaskSampler
 
-__all__ = ["Trainer", "ResumeError", "make_trainer"]
-
-
-class ResumeError(RuntimeError):
-    """``--resume`` found nothing to resume from, or a checkpoint of another run."""
-
+__all__ = ["Trainer", "ResumeError", "RunDirectoryError", "make_trainer"]
 
 def _short(env_id: str) -> str:
     return env_id.split("/")[-1].removesuffix("-v0")
@@ -78,6 +75,20 @@ def _short(env_id: str) -> str:
 
 def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else float("nan")
+
+
+def _guided_free_pairs(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Guided against free inside the same groups, as the counts of a ``PairedDifference``
+    (A free, B guided): the j-th guided episode of a group is paired with its j-th free one
+    (same level, same weights), so summing the counts over steps and runs pools the pairs."""
+    by_group: dict[int, tuple[list[bool], list[bool]]] = defaultdict(lambda: ([], []))
+    for t in trajectories:
+        by_group[t.group_id][0 if t.use_experience else 1].append(t.won)
+    pairs = [(g, f) for guided, free in by_group.values()
+             for g, f in zip(guided, free, strict=False)]  # an env failure leaves one unpaired
+    d = paired_difference([f for _, f in pairs], [g for g, _ in pairs])
+    return {"pairs/guided_free": d.n, "pairs/free_wins": d.a_wins, "pairs/guided_wins": d.b_wins,
+            "pairs/free_only": d.only_a, "pairs/guided_only": d.only_b}
 
 
 def _gate_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -109,22 +120,39 @@ def _ask_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
 class Trainer:
     """Runs a ``TrainConfig``: ``Trainer(cfg).train()``; ``resume=True`` continues the run in
-    ``cfg.run.output_dir`` from its latest checkpoint (models, optimisers, bank, RNG, step)."""
+    ``cfg.run.output_dir`` from its latest checkpoint (models, optimisers, bank, RNG, step).
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool = False,
+    A fresh run refuses a run directory that holds another run, unless ``overwrite`` (which
+    deletes that run first); see ``RunDirectory``. ``last_checkpoint`` is the checkpoint this
+    run saved last (after ``train()``: its final step's)."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                  on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run.output_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.on_step = on_step
+        # Refused (live, or another run's folder) before anything loads or changes on disk.
+        self.run = (RunDirectory.reopen(self.run_dir) if resume
+                    else RunDirectory.create(self.run_dir, overwrite=overwrite))
+        try:
+            self._build(resume)
+        except BaseException:
+            self.run.close()
+            raise
+
+    def _build(self, resume: bool) -> None:
+        cfg = self.cfg
         if cfg.run.torch_threads:
             torch.set_num_threads(cfg.run.torch_threads)
         self._seed_everything(cfg.run.seed)
-        self.checkpoints = Checkpointer(self.run_dir, keep=cfg.run.keep_checkpoints)
+        self.checkpoints = Checkpointer(self.run_dir, self.run.run_id,
+                                        keep=cfg.run.keep_checkpoints)
+        self.last_checkpoint: Path | None = None
         checkpoint = self._checkpoint_to_resume() if resume else None
-        if checkpoint is None and resume:
-            raise ResumeError(f"--resume: no checkpoint under {self.checkpoints.root}; start the "
-                              "run without --resume.")
+        if not resume and cfg.experience.initial_bank and cfg.uses_experience \
+                and not Path(cfg.experience.initial_bank).is_file():
+            raise RunDirectoryError(f"experience.initial_bank {cfg.experience.initial_bank}: no "
+                                    "such file; give a bank.jsonl (e.g. a checkpoint's).")
         (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
 
         # The actor: a backend that generates and a learner that trains the same model object.
@@ -336,6 +364,7 @@ class Trainer:
                 m[f"success/{name}"] = _mean([float(t.won) for t in part])
                 m[f"episodes/{name}"] = len(part)
                 m[f"reward/{name}"] = _mean([t.reward for t in part])
+            m.update(_guided_free_pairs(trajectories))
         by_env: dict[str, list[float]] = defaultdict(list)
         for t in trajectories:
             by_env[_short(t.env_id)].append(float(t.won))
@@ -382,7 +411,8 @@ class Trainer:
     # ================================================================== checkpoints
     def save_checkpoint(self) -> Path:
         """Atomically write models, optimisers, bank, extractor buffer, RNG states and step."""
-        return self.checkpoints.save(self.step, self._write_checkpoint)
+        self.last_checkpoint = self.checkpoints.save(self.step, self._write_checkpoint)
+        return self.last_checkpoint
 
     def _write_checkpoint(self, directory: Path) -> None:
         torch.save({"model": self.actor.trainable_state_dict(), **self.actor.optimizer_state()},
@@ -402,10 +432,11 @@ class Trainer:
             "bank_entries": bank_entries, "counters": dict(self.counters),
         }, indent=2))
 
-    def _checkpoint_to_resume(self) -> Path | None:
+    def _checkpoint_to_resume(self) -> Path:
         checkpoint = self.checkpoints.latest()
         if checkpoint is None:
-            return None
+            raise ResumeError(f"--resume: no checkpoint of run {self.run.run_id} under "
+                              f"{self.checkpoints.root}; start over with --overwrite.")
         state = json.loads((checkpoint / "state.json").read_text())
         if state["arm"] != self.cfg.arm:
             raise ResumeError(f"{checkpoint} is a checkpoint of arm '{state['arm']}', not "
@@ -436,11 +467,16 @@ class Trainer:
     # ================================================================== where things run
     # One process here; ``crl_harness.training.ray_backend.RayTrainer`` moves the rollouts and
     # the experience service into Ray actors by overriding these three methods.
+    def _prepare_bank(self, checkpoint: Path | None) -> None:
+        """The bank a run starts from: a resumed run's checkpoint's, else
+        ``experience.initial_bank``'s entries, else none (a fresh run's folder holds no bank)."""
+        source = checkpoint or self.cfg.experience.initial_bank
+        if source:
+            ExperienceService.restore_bank(self.run_dir, source, self.cfg.experience.capacity)
+
     def _make_experience(self, extractor_backend: Any, checkpoint: Path | None) -> Any:
         """The bank and its manager; the extractor generates with the learner's own model."""
-        if checkpoint is not None:
-            ExperienceService.restore_bank(self.run_dir, checkpoint,
-                                          self.cfg.experience.capacity)
+        self._prepare_bank(checkpoint)
         return ExperienceService(
             self.run_dir, self.cfg.experience, extractor_backend,
             max_new_tokens=self.cfg.extractor.max_new_tokens,
@@ -489,6 +525,7 @@ class Trainer:
         if self.experience is not None:
             self.experience.close()
         self.metrics.close()
+        self.run.close()
 
 
 def make_trainer(cfg: TrainConfig, **kwargs: Any) -> Trainer:

@@ -399,10 +399,12 @@ def test_trainer_runs_both_switches_and_logs_their_metrics(tmp_path):
     from crl_harness.training.metrics import read_metrics
 
     model = build_tiny_model(tmp_path / "tiny")
-    with ExperienceBank(tmp_path / "run" / "bank.sqlite") as bank:
+    with ExperienceBank(tmp_path / "seed" / "bank.sqlite") as bank:
         bank.add(SOKOBAN, "Corners", LESSON, generation_id="seed")
+        bank.export_jsonl(tmp_path / "seed" / "bank.jsonl")
     cfg = load_config(None, [
         f"actor.model=hf:{model}", f"extractor.model=hf:{model}", f"run.output_dir={tmp_path / 'run'}",
+        f"experience.initial_bank={tmp_path / 'seed' / 'bank.jsonl'}",
         "tasks.envs.0.id=CRL/Sokoban-v0", "tasks.envs.0.kwargs={max_episode_steps: 2}",
         "tasks.groups_per_step=1", "tasks.group_size=2", "tasks.guided_per_group=1",
         "actor.warmup_steps=0", "actor.max_new_tokens=8", "extractor.max_new_tokens=8",

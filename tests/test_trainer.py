@@ -37,6 +37,7 @@ from crl_harness.models.base import encode_chat
 from crl_harness.models.tiny import build_tiny_model
 from crl_harness.trainer import ResumeError, Trainer
 from crl_harness.training.metrics import read_metrics
+from crl_harness.training.run_directory import RunDirectory
 
 torch.set_num_threads(1)
 TUNING_VERSION = 3  # bump when _format_tuned changes
@@ -107,17 +108,20 @@ def models(tmp_path_factory):
     return _format_tuned(root / "actor", ACTOR_TARGETS, steps=200), build_tiny_model(root / "x")
 
 
-def _seed_bank(run_dir: Path) -> list[str]:
-    """Entries in the run's bank before it starts (as a bank carried over from an earlier run),
-    so guided rollouts retrieve from the first step."""
+def _seed_bank(folder: Path) -> tuple[list[str], str]:
+    """A bank export for the run to start from (``experience.initial_bank``, as a bank carried
+    over from an earlier run), so guided rollouts retrieve from the first step: the entries'
+    ids and the override."""
     from crl_harness.experience import ExperienceBank
 
-    with ExperienceBank(run_dir / "bank.sqlite") as bank:
-        return [bank.add("CRL/Sokoban-v0", title, content, generation_id=f"seed-{i}").id
-                for i, (title, content) in enumerate([
-                    ("Corners", "Never push a box into a corner that is not a target."),
-                    ("Walls", "A box pushed against a wall can only move along it."),
-                    ("Plan", "Count the moves to each target before the first push.")])]
+    with ExperienceBank(folder / "seed" / "bank.sqlite") as bank:
+        ids = [bank.add("CRL/Sokoban-v0", title, content, generation_id=f"seed-{i}").id
+               for i, (title, content) in enumerate([
+                   ("Corners", "Never push a box into a corner that is not a target."),
+                   ("Walls", "A box pushed against a wall can only move along it."),
+                   ("Plan", "Count the moves to each target before the first push.")])]
+        bank.export_jsonl(folder / "seed" / "bank.jsonl")
+    return ids, f"experience.initial_bank={folder / 'seed' / 'bank.jsonl'}"
 
 
 def _overrides(models, run_dir: Path, arm: str = "co-evolve", steps: int = 2) -> list[str]:
@@ -142,8 +146,8 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_co_evolve_trains_both_models_fills_the_bank_and_writes_metrics(models, tmp_path):
-    seeded = _seed_bank(tmp_path)
-    cfg = load_config(None, _overrides(models, tmp_path))
+    seeded, initial_bank = _seed_bank(tmp_path)
+    cfg = load_config(None, [*_overrides(models, tmp_path), initial_bank])
     trainer = Trainer(cfg)
     trainer.train()
 
@@ -311,8 +315,8 @@ def test_malformed_extractor_answers_are_not_trained_by_default(models, tmp_path
 
 
 def test_warmup_retrieves_nothing_and_trains_neither_model(models, tmp_path):
-    _seed_bank(tmp_path)
-    cfg = load_config(None, _overrides(models, tmp_path) + ["actor.warmup_steps=1"])
+    _, initial_bank = _seed_bank(tmp_path)
+    cfg = load_config(None, _overrides(models, tmp_path) + ["actor.warmup_steps=1", initial_bank])
     Trainer(cfg).train()
     warmup, after = read_metrics(tmp_path / "metrics.jsonl")
     assert warmup["actor/warmup"] == 1.0 and after["actor/warmup"] == 0.0
@@ -366,17 +370,20 @@ def test_baseline_arms_from_the_same_config(models, tmp_path, arm):
 
 def test_resume_without_checkpoint_is_one_clear_error(models, tmp_path):
     cfg = load_config(None, _overrides(models, tmp_path))
-    with pytest.raises(ResumeError, match="no checkpoint"):
+    with pytest.raises(ResumeError, match="holds no run to resume"):
+        Trainer(cfg, resume=True)
+    RunDirectory.create(tmp_path).close()  # a run that died before its first checkpoint
+    with pytest.raises(ResumeError, match="no checkpoint of run .* start over with --overwrite"):
         Trainer(cfg, resume=True)
 
 
 @pytest.mark.slow
 def test_kill_9_then_resume_continues_from_the_last_checkpoint(models, tmp_path):
     run_dir = tmp_path / "run"
-    seeded = _seed_bank(run_dir)
+    seeded, initial_bank = _seed_bank(tmp_path)
     config = tmp_path / "tiny.yaml"
     config.write_text("name: tiny\n")
-    overrides = _overrides(models, run_dir, steps=5)
+    overrides = [*_overrides(models, run_dir, steps=5), initial_bank]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "crl_harness.cli", "train", str(config), *overrides,
                "--no-progress"]
@@ -411,8 +418,9 @@ def test_ray_backend_same_semantics(models, tmp_path, alternating_rewards):
     pytest.importorskip("ray")
     from crl_harness.training.ray_backend import RayTrainer
 
-    _seed_bank(tmp_path)
-    cfg = load_config(None, _overrides(models, tmp_path, steps=2) + ["run.backend=ray"])
+    _, initial_bank = _seed_bank(tmp_path)
+    cfg = load_config(None, _overrides(models, tmp_path, steps=2) + ["run.backend=ray",
+                                                                     initial_bank])
     trainer = RayTrainer(cfg)
     alternating_rewards(trainer)  # reward variance in every group, whatever the workers sampled
     metrics = trainer.train()

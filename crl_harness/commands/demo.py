@@ -1,13 +1,17 @@
-"""``crl demo``: the main job on the embedded default.
+"""``crl demo``: the main job on the embedded default, into a fresh ``runs/demo-TIMESTAMP``.
 
 1. Plays every registered env that this machine can run with its scripted oracle (``crl eval
-   --agent scripted``) and prints the results table; an env whose data or Docker daemon is
-   missing is listed as skipped with the reason.
+   --agent scripted``, into ``OUT/scripted``) and prints the results table; an env whose data or
+   Docker daemon is missing is listed as skipped with the reason.
 2. Evaluates the warm-started actor (``assets/warmstart/cpu-demo``, or ``crl warmstart cpu-demo``
-   when absent) on held-out and on training levels of the ``cpu-demo`` task.
-3. Trains SmolLM2-135M, actor and extractor, with Complementary RL (``crl train cpu-demo``).
-4. Evaluates the trained actor with the bank it grew on the same levels, and prints before and
-   after with 95% intervals, the bank's size, the updates and the learning curve.
+   when absent) greedily on ``--eval-levels`` held-out levels and on the training levels of the
+   ``cpu-demo`` task, one episode a level (cached: free the second time).
+3. Trains SmolLM2-135M, actor and extractor, with Complementary RL (``crl train cpu-demo`` into
+   ``OUT/cpu-demo``).
+4. Evaluates the checkpoint that this training returned on the same levels (the training levels
+   with the bank it grew), and prints before and after, each rate with its 95% interval, their
+   paired difference with its 95% interval and McNemar's exact p, the bank's size, the updates
+   and the learning curve. Every level's outcome is in ``OUT/levels.json``.
 
 ``--no-train`` stops after step 1.
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +33,13 @@ from crl_envs.errors import UserFacingError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=5, help="episodes per env (default 5)")
     parser.add_argument("--envs", default="all", help="comma-separated env ids (default: all)")
-    parser.add_argument("--out", default=None, help="output folder (default runs/demo-TIMESTAMP)")
+    parser.add_argument("--out", default=None,
+                        help="a new output folder (default runs/demo-TIMESTAMP)")
     parser.add_argument("--no-train", action="store_true",
                         help="only the scripted table: skip cpu-demo training and its evaluation")
-    parser.add_argument("--eval-episodes", type=int, default=8,
-                        help="held-out episodes of the before/after evaluations (default 8; the "
-                             "training tasks are evaluated too, at most 8)")
+    parser.add_argument("--eval-levels", type=int, default=96,
+                        help="held-out levels of the before/after evaluation, one greedy episode "
+                             "each (default 96: about 80%% power for +15 points, paired by level)")
 
 
 def runnable_envs(env_ids: list[str]) -> list[str]:
@@ -56,116 +61,91 @@ def runnable_envs(env_ids: list[str]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from crl_harness.commands import eval as eval_command
-    from crl_harness.commands.checks import check_range
+    from crl_harness.commands.checks import check_range, output_dir
+    from crl_harness.config import HELDOUT_RESERVED, load_config
     from crl_harness.eval import MAX_EPISODES, expand_env_ids
+    from crl_harness.training.run_directory import occupied
 
     check_range("--episodes", args.episodes, 1, MAX_EPISODES)
-    check_range("--eval-episodes", args.eval_episodes, 1, MAX_EPISODES)
+    check_range("--eval-levels", args.eval_levels, 1, HELDOUT_RESERVED)
+    out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    cfg = load_config("cpu-demo", [f"run.output_dir={out / 'cpu-demo'}"])
+    if not args.no_train and occupied(cfg.run.output_dir):
+        raise UserFacingError(f"--out {out} holds an earlier demo's run; give a new --out (by "
+                              "default each demo writes a fresh runs/demo-TIMESTAMP).")
+    output_dir(out, "--out")
     env_ids = runnable_envs(expand_env_ids(args.envs))
     eval_args = ["--agent", "scripted", "--envs", ",".join(env_ids),
-                 "--episodes", str(args.episodes)]
-    if args.out:
-        eval_args += ["--out", args.out]
+                 "--episodes", str(args.episodes), "--out", str(out / "scripted")]
     parser = argparse.ArgumentParser(prog="crl demo")
     eval_command.add_arguments(parser)
     status = eval_command.run(parser.parse_args(eval_args))
     if status or args.no_train:
         return status
-    return train_and_evaluate(args.eval_episodes)
+    train_and_evaluate(cfg, args.eval_levels, out)
+    return 0
 
 
-def _evaluate(cfg: Any, actor: str, bank: Path | None,
-              cases: dict[str, tuple[list[int], bool]], out: Path) -> dict[str, Any]:
-    """Greedy episodes of ``actor`` on the config's env for every case (name: its seeds and
-    whether its episodes retrieve from ``bank``), played as one batch (one model load): each
-    case's summary (success with its 95% Wilson interval), and a report per case under ``out``."""
-    from crl_harness.commands.eval import _RetrieveOnly
-    from crl_harness.eval import episode_specs, evaluate, summarize, write_report
-    from crl_harness.experience import ExperienceBank, ExperienceManager
-    from crl_harness.rollout import RolloutConfig
-
-    entry = cfg.tasks.envs[0]
-    retriever = None
-    if bank is not None and bank.exists():
-        retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(bank, read_only=True)))
-    rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
-                            history=cfg.actor.history, experience_k=cfg.experience.k,
-                            env_kwargs={entry.id: dict(entry.kwargs)})
-    specs, case_of = [], []  # an episode's group id is its place here, so cases never mix
-    for name, (seeds, with_bank) in cases.items():
-        for spec in episode_specs([entry.id], seeds, with_bank and retriever is not None):
-            specs.append(replace(spec, group_id=len(specs)))
-            case_of.append(name)
-    trajectories = evaluate(actor, specs, retriever=retriever, rollout=rollout)
-    summaries = {}
-    for name, (seeds, _) in cases.items():
-        played = sorted((t for t in trajectories if case_of[t.group_id] == name),
-                        key=lambda t: t.group_id)
-        write_report(out / name / "report.json", played, meta={"agent": actor, "seeds": seeds})
-        summaries[name] = summarize(played)[0]
-    return summaries
-
-
-def train_and_evaluate(episodes: int) -> int:
-    """The warm start (shipped, or ``crl warmstart cpu-demo`` when absent), held-out and
-    training-task success before, ``crl train cpu-demo``, the same evaluations after."""
+def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = None) -> Path:
+    """The warm start (shipped, or ``crl warmstart`` when absent) on ``levels`` held-out levels
+    and on the training levels (cached in ``cache``, default ``default_cache()``), training
+    ``cfg`` into ``cfg.run.output_dir``, and the checkpoint that training returns on the same
+    levels (the training levels with the bank it grew); prints both with their paired
+    differences and writes every level's outcome to ``out/levels.json``. Returns that
+    checkpoint."""
     from crl_harness.commands import train as train_command
-    from crl_harness.config import load_config
+    from crl_harness.heldout import default_cache, evaluate_levels, paired
     from crl_harness.models.registry import resolve_model_path
     from crl_harness.warmstart import run_warmstart
 
-    cfg = load_config("cpu-demo")
     run_dir = Path(cfg.run.output_dir)
     if not Path(resolve_model_path(cfg.actor.model.removeprefix("hf:"))).exists():
         print("\nWarm start (crl warmstart cpu-demo) ...")
         run_warmstart(cfg)
     t = cfg.tasks
-    sets = {"held-out": list(range(t.heldout_offset, t.heldout_offset + episodes)),
-            "training": list(range(t.seed_offset, t.seed_offset + min(t.seed_count, episodes)))}
-    print(f"\nEvaluating the warm-started actor ({cfg.actor.model}) ...")
-    before = _evaluate(cfg, cfg.actor.model, None,
-                       {name: (seeds, False) for name, seeds in sets.items()},
-                       run_dir / "eval-before")
+    heldout = list(range(t.heldout_offset, t.heldout_offset + levels))
+    training = list(range(t.seed_offset, t.seed_offset + min(t.seed_count, levels)))
+    print(f"\nEvaluating the warm-started actor ({cfg.actor.model}) on {len(heldout)} held-out "
+          f"and {len(training)} training levels (cached after the first time) ...")
+    before = evaluate_levels(cfg, cfg.actor.model,
+                             {"held-out": (heldout, False), "training": (training, False)},
+                             out / "eval-before", cache=cache or default_cache())
 
-    print("\nTraining with Complementary RL (crl train cpu-demo) ...")
-    parser = argparse.ArgumentParser(prog="crl demo")
-    train_command.add_arguments(parser)
-    status = train_command.run(parser.parse_args(["cpu-demo"]))
-    if status:
-        return status
-    actor = sorted((run_dir / "checkpoints").glob("step-*"))[-1] / "actor_hf"
+    print(f"\nTraining with Complementary RL ({cfg.name}) into {run_dir} ...")
+    checkpoint = train_command.train(cfg)
+    actor = checkpoint / "actor_hf"
     print(f"\nEvaluating the trained actor ({actor}), on the training levels with its bank ...")
-    bank = run_dir / "bank.sqlite"
     # Held-out levels alone, as before training (the bank holds lessons of the training levels
     # only); the training levels with the bank, the method's own setting.
-    after = _evaluate(cfg, f"hf:{actor}", bank,
-                      {"held-out": (sets["held-out"], False),
-                       "training-bank": (sets["training"], True)},
-                      run_dir / "eval-after")
-    _print_summary(cfg, run_dir, before, after)
-    return 0
+    after = evaluate_levels(cfg, f"hf:{actor}",
+                            {"held-out": (heldout, False), "training": (training, True)},
+                            out / "eval-after", bank=run_dir / "bank.sqlite")
+    differences = {name: paired(before[name], after[name]) for name in before}
+    (out / "levels.json").write_text(json.dumps({
+        "actor_before": cfg.actor.model, "actor_after": str(actor),
+        "levels": {name: {"before": before[name], "after": after[name],
+                          "paired": differences[name].to_dict()} for name in before},
+    }, indent=2))
+    _print_summary(cfg, run_dir, differences)
+    return checkpoint
 
 
-def _print_summary(cfg: Any, run_dir: Path, before: dict, after: dict) -> None:
+def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from crl_harness.eval import format_paired, format_rate
 
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                if line.strip()]
     table = Table(title=f"crl demo: {cfg.tasks.envs[0].id} {dict(cfg.tasks.envs[0].kwargs)}, "
-                        "greedy, success (95% Wilson interval)")
-    for column in ("tasks", "episodes", "warm start", "after training",
-                   "after training, with its bank"):
+                        "greedy, one episode a level; success [95% Wilson interval]")
+    for column in ("levels", "warm start", "after training", "after - before, paired [95% CI]"):
         table.add_column(column)
-
-    def rate(summary: Any) -> str:
-        if summary is None:
-            return "-"
-        return f"{summary.success_rate:.0%} [{summary.ci_low:.0%}, {summary.ci_high:.0%}]"
-
-    for name in before:
-        table.add_row(name, str(before[name].episodes), rate(before[name]),
-                      rate(after.get(name)), rate(after.get(f"{name}-bank")))
+    labels = {"held-out": "held-out", "training": "training (after: with its bank)"}
+    for name, d in differences.items():
+        table.add_row(labels.get(name, name), format_rate(d.a_wins, d.n),
+                      format_rate(d.b_wins, d.n), format_paired(d, "before", "after"))
     console = Console()
     console.print(table)
     last = metrics[-1] if metrics else {}

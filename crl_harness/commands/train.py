@@ -3,13 +3,18 @@
 CONFIG is a YAML path or a name under ``assets/configs`` (``cpu-demo``, ``mix3``, ...); each
 ``key=value`` overrides one setting (``arm=none``, ``run.steps=20``, ``tasks.envs.0.weight=2``).
 Metrics go to ``RUN_DIR/metrics.jsonl`` and TensorBoard, the curve to
-``RUN_DIR/learning_curve.png``; ``--resume`` continues from the latest checkpoint.
+``RUN_DIR/learning_curve.png``. A run directory holds one run: a fresh run into one that holds
+another is refused, naming ``--resume`` (continue that run from its latest checkpoint) and
+``--overwrite`` (delete it and start over). ``train`` is the same as a function that returns the
+run's final checkpoint (``crl demo`` evaluates it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
 from crl_harness.commands.checks import output_dir
 
@@ -20,14 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="settings to override, e.g. arm=none run.steps=10")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in run.output_dir from its latest checkpoint")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="delete the run that run.output_dir holds, then start a fresh one")
     parser.add_argument("--backend", choices=["local", "ray"], default=None,
                         help="shorthand for run.backend=...")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
+    from crl_envs.errors import UserFacingError
     from crl_harness.config import ConfigError, load_config
 
+    if args.resume and args.overwrite:
+        raise UserFacingError("--resume continues the run and --overwrite deletes it; give one.")
     overrides = list(args.overrides)
     if args.backend:
         overrides.append(f"run.backend={args.backend}")
@@ -36,13 +46,23 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"crl train: {err}", file=sys.stderr)
         return 2
-    output_dir(cfg.run.output_dir, "run.output_dir")  # one clear line before any model loads
+    train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+    print(f"Run directory: {cfg.run.output_dir} (metrics.jsonl, learning_curve.png, "
+          f"checkpoints/, tensorboard/)")
+    return 0
+
+
+def train(cfg: Any, *, resume: bool = False, overwrite: bool = False,
+          progress: bool = True) -> Path:
+    """Train ``cfg`` (a ``TrainConfig``) with a progress bar; returns the checkpoint of its final
+    step. A run directory that cannot be used is one ``UserFacingError``, before models load."""
+    output_dir(cfg.run.output_dir, "run.output_dir")
     from tqdm import tqdm
 
-    from crl_harness.trainer import ResumeError, make_trainer
+    from crl_harness.trainer import make_trainer
 
     bar = tqdm(total=cfg.run.steps, desc=f"{cfg.name} [{cfg.arm}]", unit="step",
-               disable=args.no_progress)
+               disable=not progress)
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         bar.n = step
@@ -53,15 +73,10 @@ def run(args: argparse.Namespace) -> int:
         bar.set_postfix(shown)
         bar.refresh()
 
-    try:
-        trainer = make_trainer(cfg, resume=args.resume, on_step=on_step)
-    except ResumeError as err:
-        print(f"crl train: {err}", file=sys.stderr)
-        return 2
+    trainer = make_trainer(cfg, resume=resume, overwrite=overwrite, on_step=on_step)
     bar.n = trainer.step
     bar.refresh()
     trainer.train()
     bar.close()
-    print(f"Run directory: {cfg.run.output_dir} (metrics.jsonl, learning_curve.png, "
-          f"checkpoints/, tensorboard/)")
-    return 0
+    # a resumed run with no step left saved nothing new: its latest checkpoint is its final one
+    return trainer.last_checkpoint or trainer.checkpoints.latest()

@@ -2,14 +2,17 @@
 
 Holds ``Checkpointer`` (``save`` writes into a temporary directory that is renamed into place
 only when complete, so a run killed at any moment leaves either the old checkpoint or the new
-one, never half of one), ``rng_state`` / ``set_rng_state``.
+one, never half of one), ``checkpoint_run_id``, ``rng_state`` / ``set_rng_state``.
 
 Layout: ``RUN_DIR/checkpoints/step-000010/`` holds whatever the trainer writes there (models,
-optimiser states, the bank export, the extractor's reward buffer, ``rng.pt``, ``state.json``).
+optimiser states, the bank export, the extractor's reward buffer, ``rng.pt``, ``state.json``) and
+``checkpoint.json``, the id of the run that wrote it: a checkpointer lists, loads and prunes only
+its own run's checkpoints.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -21,9 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Checkpointer", "rng_state", "set_rng_state"]
+__all__ = ["Checkpointer", "checkpoint_run_id", "rng_state", "set_rng_state"]
 
 _NAME = re.compile(r"^step-(\d{6,})$")
+OWNER_FILE = "checkpoint.json"
 
 
 def rng_state() -> dict[str, Any]:
@@ -50,26 +54,40 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(handle.fileno())
 
 
+def checkpoint_run_id(checkpoint: str | os.PathLike) -> str | None:
+    """The id of the run that wrote ``checkpoint`` (None: unreadable, or written before ids)."""
+    try:
+        return str(json.loads((Path(checkpoint) / OWNER_FILE).read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class Checkpointer:
-    """Saves numbered checkpoints under ``run_dir/checkpoints`` and keeps the newest ``keep``.
+    """Saves numbered checkpoints of run ``run_id`` under ``run_dir/checkpoints`` and keeps its
+    newest ``keep``; another run's checkpoints there are neither listed nor pruned.
 
     >>> import tempfile
-    >>> ckpt = Checkpointer(tempfile.mkdtemp(), keep=1)
+    >>> folder = tempfile.mkdtemp()
+    >>> other = Checkpointer(folder, "run-a", keep=1).save(9, lambda d: None)
+    >>> ckpt = Checkpointer(folder, "run-b", keep=1)
     >>> _ = ckpt.save(3, lambda d: (d / "state.json").write_text("{}"))
     >>> _ = ckpt.save(6, lambda d: (d / "state.json").write_text("{}"))
-    >>> ckpt.latest().name, [p.name for p in ckpt.all()]
-    ('step-000006', ['step-000006'])
+    >>> ckpt.latest().name, [p.name for p in ckpt.all()], other.exists()
+    ('step-000006', ['step-000006'], True)
     """
 
-    def __init__(self, run_dir: str | os.PathLike, keep: int = 2) -> None:
+    def __init__(self, run_dir: str | os.PathLike, run_id: str, keep: int = 2) -> None:
         self.root = Path(run_dir) / "checkpoints"
+        self.run_id = run_id
         self.keep = keep
 
     def all(self) -> list[Path]:
-        """Finished checkpoints, oldest first (temporary directories are not checkpoints)."""
+        """This run's finished checkpoints, oldest first (temporary directories are not
+        checkpoints)."""
         if not self.root.is_dir():
             return []
-        found = [p for p in self.root.iterdir() if p.is_dir() and _NAME.match(p.name)]
+        found = [p for p in self.root.iterdir() if p.is_dir() and _NAME.match(p.name)
+                 and checkpoint_run_id(p) == self.run_id]
         return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
 
     def latest(self) -> Path | None:
@@ -78,15 +96,18 @@ class Checkpointer:
 
     def save(self, step: int, write: Callable[[Path], None]) -> Path:
         """Call ``write(tmp_dir)``, make it durable, rename it to ``step-NNNNNN``, prune."""
+        final = self.root / f"step-{step:06d}"
+        if final.exists() and checkpoint_run_id(final) != self.run_id:
+            raise FileExistsError(f"{final} is a checkpoint of another run; it was left as it is.")
         self.root.mkdir(parents=True, exist_ok=True)
         for stale in self.root.glob(".tmp-*"):  # left by a run killed while saving
             shutil.rmtree(stale, ignore_errors=True)
-        final = self.root / f"step-{step:06d}"
         tmp = self.root / f".tmp-{final.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
             write(tmp)
+            (tmp / OWNER_FILE).write_text(json.dumps({"run_id": self.run_id, "step": step}))
             _fsync_tree(tmp)
             if final.exists():  # re-saving a step (a resumed run): replace it whole
                 old = self.root / f".tmp-old-{final.name}-{os.getpid()}"

@@ -26,6 +26,7 @@ from crl_harness.experience import (
     GenerationReward,
     ManagerConfig,
 )
+from crl_harness.experience.bank import _writer_lock
 from crl_harness.experience.retrieval import RetrievalConfig
 from crl_harness.models.base import Generation, ModelBackend
 
@@ -34,6 +35,12 @@ __all__ = ["BatchedGenerator", "ExperienceService"]
 BANK_FILE = "bank.sqlite"
 BANK_EXPORT = "bank.jsonl"
 LEDGER_FILE = "credit_ledger.pkl"
+
+
+def _remove_bank_files(path: Path) -> None:
+    """A bank file with its WAL, shared memory and lock files."""
+    for suffix in ("", "-wal", "-shm", ".lock"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 class BatchedGenerator:
@@ -121,7 +128,10 @@ class ExperienceService:
                                           temperature=temperature, top_p=top_p,
                                           max_batch=config.max_concurrent_extractions)
         self.manager = ExperienceManager(self.bank, self.generator, ManagerConfig(
-            retrieval=RetrievalConfig(backend=config.retrieval),
+            retrieval=RetrievalConfig(
+                backend=config.retrieval, candidates=config.candidates,
+                count_penalty=config.count_penalty, demotion_prob=config.demotion_prob,
+                recency_window_s=config.recency_window_s),
             max_concurrent_extractions=config.max_concurrent_extractions,
             max_transcript_chars=config.max_transcript_chars,
             format_failure_reward=format_failure_reward,
@@ -207,22 +217,35 @@ class ExperienceService:
                 ledger._records.update(records)
 
     @staticmethod
-    def restore_bank(run_dir: str | os.PathLike, checkpoint: str | os.PathLike,
+    def restore_bank(run_dir: str | os.PathLike, source: str | os.PathLike,
                      capacity: int | None = None) -> None:
-        """Replace ``run_dir``'s bank by the checkpoint's export (before the service opens it):
+        """Replace ``run_dir``'s bank by the entries of ``source`` (a checkpoint folder, whose
+        ``bank.jsonl`` is read, or such a file), before the service opens it: on ``--resume``,
         what the extractor wrote after the checkpoint is undone, as the steps are re-run.
-        ``capacity`` (the run's ``experience.capacity``) must hold every exported entry: a resume
-        never drops what a checkpoint saved."""
-        run_dir = Path(run_dir)
-        for suffix in ("", "-wal", "-shm"):
-            (run_dir / f"{BANK_FILE}{suffix}").unlink(missing_ok=True)
-        export = Path(checkpoint) / BANK_EXPORT
-        if export.exists():
-            bank = ExperienceBank(run_dir / BANK_FILE, capacity=capacity)
+
+        The new bank is built beside the old one and renamed over it only once complete, under
+        the old bank's writer lock: a bank open in a live run refuses (``BankError``) and a
+        failure (e.g. ``capacity``, the run's ``experience.capacity``, smaller than the export:
+        a resume never drops what a checkpoint saved) leaves the old bank as it was."""
+        run_dir, source = Path(run_dir), Path(source)
+        export = source / BANK_EXPORT if source.is_dir() else source
+        bank_path = run_dir / BANK_FILE
+        staged = run_dir / f".{BANK_FILE}.restoring"
+        with _writer_lock(bank_path):
+            _remove_bank_files(staged)
             try:
-                bank.import_jsonl(export, evict=False)
+                bank = ExperienceBank(staged, capacity=capacity)
+                try:
+                    if export.exists():
+                        bank.import_jsonl(export, evict=False)
+                finally:
+                    bank.close()
+                # the old bank's WAL would be replayed into the new file: it goes first
+                for suffix in ("-wal", "-shm"):
+                    Path(f"{bank_path}{suffix}").unlink(missing_ok=True)
+                os.replace(staged, bank_path)
             finally:
-                bank.close()
+                _remove_bank_files(staged)
 
     def close(self) -> None:
         self.manager.close()

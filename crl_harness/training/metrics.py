@@ -55,8 +55,6 @@ class MetricsLogger:
             tmp = self.path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
             os.replace(tmp, self.path)
-        elif self.path.exists():
-            self.path.unlink()  # a fresh run in an old directory starts a fresh log
         self._handle = open(self.path, "a", encoding="utf-8")
         self._writer = None
         if tensorboard:

@@ -157,8 +157,7 @@ class RayTrainer(Trainer):
 
     def _make_experience(self, extractor_backend: Any, checkpoint: Path | None) -> Any:
         cfg = self.cfg
-        if checkpoint is not None:
-            ExperienceService.restore_bank(self.run_dir, checkpoint, cfg.experience.capacity)
+        self._prepare_bank(checkpoint)
         spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
         actor_cls = self._ray.remote(num_cpus=1, max_concurrency=16)(ExperienceService)
         handle = actor_cls.remote(

@@ -1,0 +1,139 @@
+"""Level-by-level evaluation of an actor, for paired comparisons (``crl demo``,
+``benchmarks/efficacy.py``).
+
+Holds ``evaluate_levels`` (greedy, one episode per level, several cases played as one batch with
+one model load; each case's outcomes by level, and a report of its episodes), ``paired`` (two
+cases' outcomes on their common levels as a ``PairedDifference``), ``model_hash`` and
+``default_cache``.
+
+The outcomes of a model that does not change (the warm start) are cached: the key is the hash of
+the model's files (an adapter's weights and config), the env and its kwargs, the seeds and the
+generation settings, so the "before" of a second run is free, and any change to the adapter
+plays it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from crl_harness.eval import PairedDifference, paired_difference
+
+__all__ = ["evaluate_levels", "paired", "model_hash", "default_cache"]
+
+_CACHE_FORMAT = 1  # bump when what a cached outcome means changes
+
+
+def default_cache() -> Path:
+    """Where cached outcomes live: ``CRL_CACHE_DIR`` (default ``~/.cache/crl``) ``/heldout``."""
+    from crl_envs.data import cache_dir
+
+    return cache_dir() / "heldout"
+
+
+def model_hash(spec: str) -> str | None:
+    """SHA-256 over the files of an ``hf:`` model that is a local folder (their relative paths
+    and bytes; READMEs aside); None for anything else (a hub id may change under its name).
+
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "adapter_model.safetensors").write_bytes(b"w1")
+    >>> first = model_hash(f"hf:{folder}")
+    >>> _ = (folder / "adapter_model.safetensors").write_bytes(b"w2")
+    >>> first != model_hash(f"hf:{folder}"), model_hash("hf:no/such-model")
+    (True, None)
+    """
+    if not spec.startswith("hf:"):
+        return None
+    from crl_harness.models.registry import resolve_model_path
+
+    try:
+        folder = Path(resolve_model_path(spec.removeprefix("hf:")))
+    except Exception:  # noqa: BLE001 - no such model: nothing to cache (loading it says why)
+        return None
+    if not folder.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        if path.name.lower().startswith("readme"):
+            continue
+        digest.update(str(path.relative_to(folder)).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def paired(a: dict[int, bool], b: dict[int, bool]) -> PairedDifference:
+    """B minus A on the levels both played (an episode the env failed is no level of either)."""
+    levels = sorted(a.keys() & b.keys())
+    return paired_difference([a[s] for s in levels], [b[s] for s in levels])
+
+
+def evaluate_levels(cfg: Any, actor: str, cases: dict[str, tuple[list[int], bool]], out: Path,
+                    *, bank: Path | None = None,
+                    cache: Path | None = None) -> dict[str, dict[int, bool]]:
+    """Greedy episodes of ``actor`` on the env of ``cfg`` (a ``TrainConfig``; its first env and
+    kwargs), one per level, for every case (name: its seeds and whether its episodes retrieve
+    from ``bank``): each case's outcome by seed. The cases played now are one batch, and each
+    gets a report under ``out/NAME/report.json``; with ``cache`` (a folder), the outcomes of a
+    case without the bank are read from it when there, and written to it once played."""
+    from crl_harness.eval import episode_specs, evaluate, write_report
+    from crl_harness.rollout import RolloutConfig
+
+    entry = cfg.tasks.envs[0]
+    rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
+                            history=cfg.actor.history, experience_k=cfg.experience.k,
+                            env_kwargs={entry.id: dict(entry.kwargs)})
+    fingerprint = model_hash(actor) if cache is not None else None
+
+    def cache_file(seeds: list[int]) -> Path | None:
+        if fingerprint is None:
+            return None
+        key = json.dumps({"format": _CACHE_FORMAT, "model": fingerprint, "env_id": entry.id,
+                          "env_kwargs": dict(entry.kwargs), "seeds": seeds,
+                          "max_new_tokens": rollout.max_new_tokens, "history": rollout.history},
+                         sort_keys=True, default=str)
+        return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+    outcomes: dict[str, dict[int, bool]] = {}
+    to_play = {}
+    for name, (seeds, with_bank) in cases.items():
+        path = None if with_bank else cache_file(seeds)
+        if path is not None and path.exists():
+            outcomes[name] = {int(s): won for s, won in json.loads(path.read_text()).items()}
+        else:
+            to_play[name] = (seeds, with_bank, path)
+    if not to_play:
+        return outcomes
+
+    retriever = manager = None
+    if bank is not None and bank.exists() and any(b for _, b, _ in to_play.values()):
+        from crl_harness.commands.eval import _RetrieveOnly
+        from crl_harness.experience import ExperienceBank, ExperienceManager
+
+        manager = ExperienceManager(ExperienceBank(bank, read_only=True))
+        retriever = _RetrieveOnly(manager)
+    specs, case_of = [], []  # an episode's group id is its place here, so cases never mix
+    for name, (seeds, with_bank, _) in to_play.items():
+        for spec in episode_specs([entry.id], seeds, with_bank and retriever is not None):
+            specs.append(replace(spec, group_id=len(specs)))
+            case_of.append(name)
+    try:
+        trajectories = evaluate(actor, specs, retriever=retriever, rollout=rollout)
+    finally:
+        if manager is not None:
+            manager.close()
+    for name, (seeds, _, path) in to_play.items():
+        played = sorted((t for t in trajectories if case_of[t.group_id] == name),
+                        key=lambda t: t.group_id)
+        write_report(out / name / "report.json", played, meta={"agent": actor, "seeds": seeds})
+        outcomes[name] = {t.seed: bool(t.won) for t in played if not t.error}
+        if path is not None and len(outcomes[name]) == len(seeds):  # env failures: not kept
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp-{os.getpid()}")
+            tmp.write_text(json.dumps({str(s): won for s, won in outcomes[name].items()}))
+            os.replace(tmp, path)
+    return outcomes
