@@ -7,11 +7,16 @@ All ids are registered in ``register_envs`` below, one readable table.
 
 from __future__ import annotations
 
-from gymnasium.envs.registration import WrapperSpec, register, registry
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from gymnasium.envs.registration import WrapperSpec, load_env_creator, register, registry
 
 from crl_envs.base import TEXT_CHARSET, TextEnv, Transition
 
-__all__ = ["TEXT_CHARSET", "TextEnv", "Transition", "ENV_IDS", "register_envs"]
+__all__ = ["TEXT_CHARSET", "TextEnv", "Transition", "ENV_IDS", "MAX_EPISODE_STEPS",
+           "register_envs", "env_keywords", "check_make_kwargs"]
 
 # Hands gym.make's max_episode_steps to envs that act on their last step (applied after
 # TimeLimit): ALFWorld's -1 budget, SWE-bench's forced submission.
@@ -45,6 +50,8 @@ _TABLE: list[dict] = [
 ]
 
 ENV_IDS: list[str] = [row["id"] for row in _TABLE]
+MAX_EPISODE_STEPS = 100_000
+"""bound on a ``max_episode_steps`` keyword (far above any benchmark's; a turn costs a reply)"""
 
 
 def register_envs() -> None:
@@ -52,6 +59,50 @@ def register_envs() -> None:
     for row in _TABLE:
         if row["id"] not in registry:
             register(**row)
+
+
+
+def env_keywords(env_id: str) -> set[str] | None:
+    """The keyword arguments ``gym.make(env_id, ...)`` accepts: its env's constructor's and
+    ``max_episode_steps``; None when the constructor takes ``**kwargs`` (anything goes)."""
+    entry_point = registry[env_id].entry_point
+    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    parameters = inspect.signature(creator).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return named | {"max_episode_steps"}
+
+
+def check_make_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` (one line: what is wrong, what is allowed) unless
+    ``gym.make(env_id, **kwargs)`` takes ``kwargs``: keys the env takes, a whole
+    ``max_episode_steps`` in 1..MAX_EPISODE_STEPS (gym.make only asserts it), values the env's
+    constructor accepts (it is built and closed).
+
+    >>> check_make_kwargs("CRL/Sokoban-v0", {"max_episode_steps": 6})
+    >>> check_make_kwargs("CRL/Sokoban-v0", {"max_episode_steps": True})
+    Traceback (most recent call last):
+    ...
+    ValueError: max_episode_steps must be a whole number of steps in 1..100000, got True
+    """
+    import gymnasium as gym
+
+    known = env_keywords(env_id)
+    unknown = sorted(set(kwargs) - known) if known is not None else []
+    if unknown:
+        raise ValueError(f"{env_id} takes no argument {', '.join(map(repr, unknown))}; it "
+                         f"takes: {', '.join(sorted(known or ()))}")
+    steps = kwargs.get("max_episode_steps")
+    # bool is an int to Python: true would make 1-step episodes
+    if "max_episode_steps" in kwargs and (isinstance(steps, bool) or not isinstance(steps, int)
+                                          or not 1 <= steps <= MAX_EPISODE_STEPS):
+        raise ValueError(f"max_episode_steps must be a whole number of steps in "
+                         f"1..{MAX_EPISODE_STEPS}, got {steps!r}")
+    try:
+        gym.make(env_id, **kwargs).close()
+    except (TypeError, ValueError, AssertionError) as err:
+        raise ValueError(f"the arguments do not fit {env_id}: {err}") from err
 
 
 register_envs()

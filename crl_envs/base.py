@@ -182,6 +182,12 @@ class TextEnv(gym.Env[str, str]):
         """The goal of the current episode, in words (also the retrieval query)."""
         return ""
 
+    @property
+    def retrieval_query(self) -> str | None:
+        """A key of the current level for experience retrieval, where the levels share one
+        ``task`` text (then ``info["retrieval_query"]``); ``None``: the task is the key."""
+        return None
+
     def admissible_actions(self) -> list[str] | None:
         """The valid actions in the current state, where the set is finite; else ``None``."""
         return None
@@ -240,6 +246,9 @@ class TextEnv(gym.Env[str, str]):
             "env_id": self.env_id,
             "instructions": self.instructions,
         }
+        key = self.retrieval_query
+        if key is not None:
+            info["retrieval_query"] = key
         info.update(extra)
         return observation, info
 

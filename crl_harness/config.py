@@ -19,6 +19,8 @@ Types and keys are checked by OmegaConf (structured configs); an error names the
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -58,6 +60,11 @@ HELDOUT_RESERVED = 10_000
 # keep a hostile one (an alias bomb, a nesting bomb) from exhausting memory or the stack.
 MAX_OVERRIDE_CHARS = 10_000
 MAX_OVERRIDE_DEPTH = 20
+MAX_SEED = 2**32
+"""``run.seed`` seeds numpy, whose seeds are below 2^32"""
+MAX_RETRIEVED = 100
+"""``experience.k``: entries retrieved per episode (each goes into the system prompt)"""
+MAX_TORCH_THREADS = 1_024
 
 
 class ConfigError(ValueError):
@@ -95,9 +102,19 @@ class TaskConfig:
     seed_count: int = 1_000_000
     """size of the training seed range (a small range makes the training tasks recur across
     steps, as the paper's training sets do)"""
+    seeds: Optional[list[int]] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """an explicit pool of training seeds, drawn uniformly, instead of the range above (which is
+    then unused), e.g. levels whose retrieval keys differ
+    (``benchmarks/retrieval_oracle.py --print-seeds``)"""
     heldout_offset: int = 50_000_000
     """held-out tasks for evaluation: seeds heldout_offset, heldout_offset+1, ... (the next
     HELDOUT_RESERVED seeds are kept out of training and the warm start)"""
+
+    def training_seeds(self) -> Sequence[int]:
+        """The training levels: ``seeds`` when listed, else the range (not listed out)."""
+        if self.seeds is not None:
+            return list(self.seeds)
+        return range(self.seed_offset, self.seed_offset + self.seed_count)
 
 
 @dataclass
@@ -204,6 +221,22 @@ class ExperienceConfig:
     """extractor calls the manager runs at once (they are batched into one generate call)"""
     retrieval: Literal["bm25", "dense"] = "bm25"
     """released: dense embeddings; bm25 needs no embedding model"""
+    candidates: int = 16
+    """top-relevance entries the diversity re-rank chooses from (released: 16)"""
+    count_penalty: float = 0.4
+    """re-rank: subtracted per log(1 + times an entry was retrieved) from its relevance (released:
+    0.4); 0 with ``demotion_prob: 0`` turns the re-rank off, right for a small bank whose levels
+    recur, where the right entry is the much-retrieved one"""
+    demotion_prob: float = 0.5
+    """re-rank: probability that an entry retrieved within ``recency_window_s`` is moved out of
+    its top slot (released: 0.5)"""
+    recency_window_s: float = 300.0
+    """re-rank: how long after its retrieval an entry counts as recently used (released: 300)"""
+    credit: Literal["outcome", "relative"] = "outcome"
+    """what a guided episode credits the writers of its entries with: ``outcome`` (paper): its
+    score, 0 counting as -1; ``relative``: its score minus the mean score of its group's free
+    subgroup (same level, same step, no experience), so that a lesson is credited with the help
+    it gave, not with how easy its level is"""
     max_transcript_chars: int = 12_000
     """longer transcripts keep their head and tail in the extractor's prompt"""
     actor_critic_gate: bool = False
@@ -419,12 +452,33 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return cfg
 
 
+def _non_finite(node: Any, prefix: str = "") -> str | None:
+    """The key of the first float of the config (nested dataclasses, env weights) that is NaN
+    or infinite: every range check below compares, and NaN passes every comparison."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        key = f"{prefix}{f.name}"
+        if is_dataclass(value):
+            found = _non_finite(value, f"{key}.")
+        elif isinstance(value, list) and value and is_dataclass(value[0]):
+            found = next((k for i, item in enumerate(value)
+                          if (k := _non_finite(item, f"{key}.{i}.")) is not None), None)
+        else:
+            found = key if isinstance(value, float) and not math.isfinite(value) else None
+        if found is not None:
+            return found
+    return None
+
+
 def _validate(cfg: TrainConfig, source: str) -> None:
     import crl_envs
 
     def fail(key: str, why: str) -> None:
         raise ConfigError(f"{source}: bad config key '{key}': {why}")
 
+    bad = _non_finite(cfg)
+    if bad is not None:
+        fail(bad, "must be a finite number, got nan or inf")
     t = cfg.tasks
     if not t.envs:
         fail("tasks.envs", "the mixture is empty; list at least one env")
@@ -433,6 +487,11 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             fail(f"tasks.envs.{i}.id", f"unknown env '{env.id}'; known: {', '.join(crl_envs.ENV_IDS)}")
         if env.weight <= 0:
             fail(f"tasks.envs.{i}.weight", f"must be > 0, got {env.weight}")
+        if env.kwargs:
+            try:
+                crl_envs.check_make_kwargs(env.id, env.kwargs)
+            except ValueError as err:
+                fail(f"tasks.envs.{i}.kwargs", str(err))
     if t.groups_per_step < 1:
         fail("tasks.groups_per_step", "must be >= 1")
     if t.group_size < 2:
@@ -441,6 +500,14 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         fail("tasks.guided_per_group", f"must be in 1..{t.group_size - 1} with arm={cfg.arm}")
     if t.seed_count < 1:
         fail("tasks.seed_count", "must be >= 1")
+    if t.seeds is not None:
+        if not t.seeds:
+            fail("tasks.seeds", "the list is empty; list at least one seed, or null for the "
+                 "range tasks.seed_offset + tasks.seed_count")
+        if min(t.seeds) < 0:
+            fail("tasks.seeds", f"seeds must be >= 0, got {min(t.seeds)}")
+        if len(set(t.seeds)) != len(t.seeds):
+            fail("tasks.seeds", "a seed is listed twice; list each level once")
     for key, value in (("run.steps", cfg.run.steps), ("run.checkpoint_every", cfg.run.checkpoint_every),
                        ("run.keep_checkpoints", cfg.run.keep_checkpoints),
                        ("run.rollout_workers", cfg.run.rollout_workers),
@@ -468,8 +535,36 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                        ("extractor.temperature", cfg.extractor.temperature)):
         if value < 0:
             fail(key, f"must be >= 0, got {value}")
+    for key, value in (("actor.max_grad_norm", cfg.actor.max_grad_norm),
+                       ("extractor.max_grad_norm", cfg.extractor.max_grad_norm)):
+        if value <= 0:
+            fail(key, f"must be > 0, got {value}")
+    for key, value in (("actor.top_p", cfg.actor.top_p), ("extractor.top_p", cfg.extractor.top_p)):
+        if not 0 < value <= 1:
+            fail(key, f"must be in (0, 1], got {value} (1: no nucleus cut)")
+    if not 0 <= cfg.run.seed < MAX_SEED:
+        fail("run.seed", f"must be in [0, 2^32), got {cfg.run.seed}")
+    if cfg.experience.k > MAX_RETRIEVED:
+        fail("experience.k", f"must be at most {MAX_RETRIEVED} (each entry goes into the prompt), "
+             f"got {cfg.experience.k}")
+    if cfg.run.torch_threads > MAX_TORCH_THREADS:
+        fail("run.torch_threads", f"must be at most {MAX_TORCH_THREADS}, got "
+             f"{cfg.run.torch_threads}")
     if cfg.actor.warmup_steps < 0:
         fail("actor.warmup_steps", "must be >= 0")
+    e = cfg.experience
+    if e.candidates < e.k:
+        fail("experience.candidates", f"must be >= experience.k ({e.k}), got {e.candidates}")
+    for key, value in (("experience.count_penalty", e.count_penalty),
+                       ("experience.recency_window_s", e.recency_window_s)):
+        if not value >= 0:  # NaN too
+            fail(key, f"must be >= 0, got {value}")
+    if not 0.0 <= e.demotion_prob <= 1.0:
+        fail("experience.demotion_prob", f"must be in [0, 1], got {e.demotion_prob}")
+    penalty = cfg.extractor.format_penalty
+    if penalty is not None and not -1e6 <= penalty <= 1e6:  # NaN and inf too
+        fail("extractor.format_penalty", f"must be a finite number (e.g. -1) or null, got "
+             f"{penalty}")
     if cfg.arm == "none":
         for key in SWITCHES:
             if getattr(cfg.experience, key.removeprefix("experience.")):
@@ -493,23 +588,27 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             fail(key, f"seeds must be >= 0, got {value}")
     ranges = {"training": range(t.seed_offset, t.seed_offset + t.seed_count),
               "held-out": range(t.heldout_offset, t.heldout_offset + HELDOUT_RESERVED)}
+    if t.seeds is not None:  # the explicit pool replaces the range
+        del ranges["training"]
 
     def overlap(a: range, b: range) -> bool:
         return a.start < b.stop and b.start < a.stop
 
-    if overlap(ranges["training"], ranges["held-out"]):
+    if t.seeds is None and overlap(ranges["training"], ranges["held-out"]):
         fail("tasks.heldout_offset", f"the held-out seeds [{t.heldout_offset}, "
              f"{t.heldout_offset + HELDOUT_RESERVED}) overlap the training seeds "
              f"[{t.seed_offset}, {t.seed_offset + t.seed_count}); held-out tasks must be unseen")
     w = cfg.warmstart
     for key, value in (("warmstart.episodes", w.episodes), ("warmstart.epochs", w.epochs),
-                       ("warmstart.batch_size", w.batch_size), ("warmstart.lora.r", w.lora.r)):
+                       ("warmstart.batch_size", w.batch_size)):
         if value < 1:
             fail(key, f"must be >= 1, got {value}")
     for key, value in (("warmstart.noise", w.noise),
                        ("warmstart.experience_fraction", w.experience_fraction)):
         if not 0.0 <= value <= 1.0:
             fail(key, f"must be in [0, 1], got {value}")
+    if w.seed_offset < 0:
+        fail("warmstart.seed_offset", f"seeds must be >= 0, got {w.seed_offset}")
     if w.extractor_samples < 0:
         fail("warmstart.extractor_samples", f"must be >= 0, got {w.extractor_samples}")
     if not 0.0 < w.lr <= 1.0:
@@ -518,11 +617,25 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                       ("warmstart.lora", w.lora)):
         if lora.top_layers < 0:
             fail(f"{key}.top_layers", f"must be >= 0 (0: every layer), got {lora.top_layers}")
+        if lora.r < 1:
+            fail(f"{key}.r", f"must be >= 1, got {lora.r}")
+        if lora.alpha <= 0:
+            fail(f"{key}.alpha", f"must be > 0, got {lora.alpha}")
+        if not 0.0 <= lora.dropout < 1.0:
+            fail(f"{key}.dropout", f"must be in [0, 1), got {lora.dropout}")
+        if not lora.target_modules:
+            fail(f"{key}.target_modules", "is empty; name the modules that get adapters "
+                 "(e.g. q_proj, v_proj)")
     if not w.model.startswith("hf:"):
         fail("warmstart.model", f"'{w.model}' cannot be fine-tuned here; use hf:NAME_OR_PATH")
     if not w.lora.enabled:
         fail("warmstart.lora.enabled", "the warm start trains LoRA adapters only; keep it true")
     warm = range(w.seed_offset, w.seed_offset + w.episodes)
+    for name, seeds in (("held-out", ranges["held-out"]), ("warm-start", warm)):
+        inside = sorted(s for s in t.seeds or () if s in seeds)
+        if inside:
+            fail("tasks.seeds", f"seed {inside[0]} is one of the {name} seeds [{seeds.start}, "
+                 f"{seeds.stop}); training levels must differ from them")
     for name, seeds in ranges.items():
         if overlap(warm, seeds):
             fail("warmstart.seed_offset", f"the warm-start seeds [{warm.start}, {warm.stop}) "

@@ -140,3 +140,58 @@ def test_hardening_override_alias_bomb_is_refused():
         load_config(None, ["name=" + "x" * 20_000])
     assert load_config(None, ["tasks.envs.0.kwargs={variant: dark}"]).tasks.envs[0].kwargs == {
         "variant": "dark"}
+
+
+def test_hardening_top_p_zero_keeps_the_most_likely_token_and_the_config_wants_0_to_1():
+    import torch
+
+    from crl_harness.models.hf import sample_next_token
+
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    tokens, logps = sample_next_token(logits, temperature=1.0, top_p=0.0)
+    assert tokens.tolist() == [1, 0] and logps.tolist() == [0.0, 0.0]  # the nucleus of one
+    for override in ("actor.top_p=0", "actor.top_p=-1", "extractor.top_p=7",
+                     "extractor.top_p=.nan"):
+        with pytest.raises(ConfigError, match=f"'{override.split('=')[0]}'"):
+            load_config("cpu-demo", [override])
+    assert load_config("cpu-demo", ["actor.top_p=0.9"]).actor.top_p == 0.9
+
+
+@pytest.mark.parametrize("override, key", [
+    ("run.seed=-1", "run.seed"), ("run.seed=4294967296", "run.seed"),
+    ("actor.lr=.nan", "actor.lr"), ("extractor.lr=.inf", "extractor.lr"),
+    ("warmstart.lr=.nan", "warmstart.lr"), ("actor.temperature=.inf", "actor.temperature"),
+    ("actor.clip_eps=.nan", "actor.clip_eps"), ("extractor.eps_high=.inf", "extractor.eps_high"),
+    ("actor.max_grad_norm=.nan", "actor.max_grad_norm"),
+    ("extractor.max_grad_norm=0", "extractor.max_grad_norm"),
+    ("tasks.envs.0.weight=.inf", "tasks.envs.0.weight"),
+    ("actor.format_penalty=.nan", "actor.format_penalty"),
+    ("extractor.format_penalty=-.inf", "extractor.format_penalty"),
+    ("actor.lora.r=0", "actor.lora.r"), ("extractor.lora.r=-4", "extractor.lora.r"),
+    ("actor.lora.dropout=1.5", "actor.lora.dropout"), ("actor.lora.alpha=0", "actor.lora.alpha"),
+    ("extractor.lora.target_modules=[]", "extractor.lora.target_modules"),
+    ("tasks.envs.0.kwargs={varient: dark}", "tasks.envs.0.kwargs"),
+    ("tasks.envs.0.kwargs={max_episode_steps: 0}", "tasks.envs.0.kwargs"),
+    ("tasks.envs.0.kwargs={variant: no-such-variant}", "tasks.envs.0.kwargs"),
+    ("warmstart.seed_offset=-3", "warmstart.seed_offset"),
+    ("experience.k=1000000000", "experience.k"),
+    ("run.torch_threads=100000", "run.torch_threads"),
+])
+def test_hardening_values_that_would_crash_after_the_models_load_are_config_errors(override, key):
+    with pytest.raises(ConfigError, match=f"bad config key '{key}'"):
+        load_config("cpu-demo", [override])
+
+
+def test_hardening_lora_that_does_not_fit_the_model_is_a_config_error_before_it_loads(
+        tmp_path, capsys):
+    from crl_harness.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")  # 2 layers
+    for override, key in (("actor.lora.target_modules=[q_proj, no_such_proj]",
+                           "actor.lora.target_modules"),
+                          ("actor.lora.top_layers=3", "actor.lora.top_layers")):
+        assert main(["train", "cpu-demo", f"actor.model=hf:{model}", "actor.lora.enabled=true",
+                     override, f"run.output_dir={tmp_path / 'run'}", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"bad config key '{key}'" in err and "Traceback" not in err
+        assert not (tmp_path / "run" / "config.json").exists()  # refused before the run began

@@ -137,3 +137,29 @@ def test_crl_eval_env_kwargs_as_typed_key_value_pairs(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["meta"]["env_kwargs"] == {"variant": "dark", "max_episode_steps": 3}
     assert all(e["steps"] <= 3 for e in report["episodes"])
+
+
+def test_hardening_crl_eval_sampling_flags_out_of_range_are_one_line(tmp_path, capsys):
+    from crl_harness.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")  # a context of 4096 tokens
+    for flags, message in ((["--temperature", "nan"], "--temperature must be a finite number"),
+                           (["--temperature", "inf"], "--temperature must be a finite number"),
+                           (["--top-p", "nan"], "--top-p must be a finite number"),
+                           (["--top-p", "0"], "--top-p must be > 0"),
+                           (["--max-new-tokens", "100000"], "--max-new-tokens must be between")):
+        assert main(["eval", "--agent", f"hf:{model}", "--envs", "CRL/Sokoban-v0", "--episodes",
+                     "1", "--out", str(tmp_path / "out"), "--no-progress", *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, flags
+    assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "2.5", '"6"', "1e9", "true", "1000000"])
+def test_hardening_crl_eval_max_episode_steps_must_be_a_whole_positive_number(tmp_path, capsys,
+                                                                               value):
+    assert main(["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--episodes", "1",
+                 "--env-kwargs", f"max_episode_steps={value}", "--out", str(tmp_path),
+                 "--no-progress"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "max_episode_steps must be a whole number of steps in 1..100000" in line

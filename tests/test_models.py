@@ -234,3 +234,59 @@ def test_openai_client_errors_are_clear(chat_server):
                            timeout=2)
     with pytest.raises(OpenAIServerError, match="is the server running"):
         closed.generate(CHATS[:1], max_new_tokens=4, temperature=0.0)
+
+
+def test_hardening_a_wrong_or_damaged_model_folder_is_one_line_naming_it(tiny_dir, tmp_path,
+                                                                       capsys):
+    import shutil
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from crl_harness.cli import main
+    from crl_harness.models.base import ModelLoadError
+
+    adapter = tmp_path / "adapter"
+    lora = LoraConfig(r=4, target_modules=["q_proj"])
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_dir), lora).save_pretrained(adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": str(tiny_dir)}))
+
+    def truncate(file):
+        file.write_bytes(file.read_bytes()[:300])
+
+    def set_config(folder, **changes):
+        (folder / "adapter_config.json").write_text(json.dumps({**config, **changes}))
+
+    cases = {  # name: (copy of, damage, words of the message)
+        "empty": (None, lambda d: None, "no config.json"),
+        "checkpoint": (None, lambda d: shutil.copytree(tiny_dir, d / "actor_hf"), "use "),
+        "no-tokenizer": (tiny_dir, lambda d: (d / "tokenizer.json").unlink(), "no tokenizer"),
+        "truncated": (tiny_dir, lambda d: truncate(d / "model.safetensors"), "damaged"),
+        "adapter-not-json": (adapter, lambda d: (d / "adapter_config.json").write_text("{x"),
+                             "adapter_config.json is damaged"),
+        "adapter-list": (adapter, lambda d: (d / "adapter_config.json").write_text("[]"),
+                         "names no base model"),
+        "adapter-half": (adapter, lambda d: (d / "adapter_model.safetensors").unlink(),
+                         "no adapter weights"),
+        "adapter-truncated": (adapter, lambda d: truncate(d / "adapter_model.safetensors"),
+                              "damaged"),
+        "adapter-rank": (adapter, lambda d: set_config(d, base_model_name_or_path=str(tiny_dir),
+                                                       r=8), "do not fit"),
+        "adapter-targets": (adapter, lambda d: set_config(
+            d, base_model_name_or_path=str(tiny_dir), target_modules=["nope_proj"]), "nope_proj"),
+    }
+    for name, (source, damage, words) in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(source, folder) if source else folder.mkdir()
+        damage(folder)
+        with pytest.raises(ModelLoadError, match=str(folder)) as caught:
+            HFBackend(folder)
+        message = str(caught.value)
+        assert words in message and "\n" not in message, name
+    capsys.readouterr()
+    assert main(["eval", "--agent", f"hf:{tmp_path / 'empty'}", "--envs", "CRL/Sokoban-v0",
+                 "--episodes", "1", "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "sentencepiece" not in line and "is not a model folder" in line

@@ -14,6 +14,7 @@ from crl_envs.errors import UserFacingError
 from crl_envs.oracles import make_oracle
 from crl_harness.experience import AddEntry, ExperienceBank, ExperienceManager
 from wrappers import DEFAULT_HEADER, ExperienceAugmentation
+from wrappers.experience import retrieval_query
 
 # Envs that run a real engine process per step (textworld, a shell): slow group (still in CI).
 SLOW_ENVS = {"CRL/ALFWorld-v0", "CRL/SWEBench-v0", "CRL/SWEBenchToy-v0"}
@@ -42,7 +43,8 @@ def manager(tmp_path):
 
 
 def seed_bank(manager: ExperienceManager, env_id: str, task: str) -> str:
-    """One entry that matches the env's task, written by a registered extractor generation."""
+    """One entry that matches ``task`` (the env's retrieval query), written by a registered
+    extractor generation."""
     manager.ledger.register("gen-under-test", "the extractor's prompt", "its output", "distill")
     result = manager.apply([
         AddEntry(env_id, "Lesson", f"About: {task}", generation_id="gen-under-test"),
@@ -56,7 +58,8 @@ def seed_bank(manager: ExperienceManager, env_id: str, task: str) -> str:
 def test_check_env_and_placement(env_id, manager):
     env = make_or_skip(env_id)
     _, info = env.reset(seed=0)
-    entry_id = seed_bank(manager, env_id, info["task"])
+    key = retrieval_query("", info)
+    entry_id = seed_bank(manager, env_id, key)
     wrapped = ExperienceAugmentation(env, manager, k=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -64,7 +67,7 @@ def test_check_env_and_placement(env_id, manager):
 
     obs, info = wrapped.reset(seed=0)
     assert info["experience_ids"] == [entry_id]  # only this env's partition
-    assert info["experience"] == f"- Lesson: About: {info['task']}"
+    assert info["experience"] == f"- Lesson: About: {key}"
     assert obs.startswith(f"{DEFAULT_HEADER}\n{info['experience']}\n\n")
     assert wrapped.observation_space.contains(obs)
 
@@ -84,7 +87,7 @@ def test_check_env_and_placement(env_id, manager):
 def test_episode_end_credits_the_writer(env_id, manager):
     env = make_or_skip(env_id)
     _, info = env.reset(seed=3)
-    seed_bank(manager, env_id, info["task"])
+    seed_bank(manager, env_id, retrieval_query("", info))
     # Instructions placement: the oracle reads the observation, which stays the env's own.
     wrapped = ExperienceAugmentation(env, manager, placement="instructions")
     agent = make_oracle(env_id, wrapped)
@@ -154,3 +157,50 @@ def test_hardening_wrapper_stays_in_the_observation_space():
     assert env.observation_space.contains(obs) and "\ufffd" not in obs
     assert obs.startswith(f"Distilled knowledge from earlier experience:\n{info['experience']}")
     env.close()
+
+
+class RecordingRetriever:
+    """Records every query; retrieves nothing."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def retrieve(self, env_id: str, query: str, k: int) -> list:
+        self.queries.append(query)
+        return []
+
+
+@pytest.mark.parametrize("env_id", PARAMS)
+def test_retrieval_key_when_given_else_task_text(env_id):
+    """The env's key of the level is the query where it gives one (MiniHack, Sokoban: levels
+    share one task text), else the task text, never the whole first observation."""
+    env = make_or_skip(env_id)
+    recorder = RecordingRetriever()
+    wrapped = ExperienceAugmentation(env, recorder)
+    observation, info = wrapped.reset(seed=1)
+    key = info.get("retrieval_query")
+    if env_id.startswith("CRL/MiniHack") or env_id == "CRL/Sokoban-v0":
+        assert key and key != info["task"]
+    assert recorder.queries == [key or info["task"]]
+    assert observation not in recorder.queries
+    wrapped.close()
+
+
+def test_minihack_key_tells_levels_apart():
+    """Two dark-room levels that start on the same cell but see different things have different
+    keys; the key stays the level's for the whole episode."""
+    env = gym.make("CRL/MiniHackRoom-v0", variant="dark")
+    try:
+        keys: dict[str, set[str]] = {}
+        for seed in range(40):
+            _, info = env.reset(seed=seed)
+            start = info["retrieval_query"].split(";")[0]
+            keys.setdefault(start, set()).add(info["retrieval_query"])
+        assert any(len(seen) > 1 for seen in keys.values())
+        _, info = env.reset(seed=0)
+        key = info["retrieval_query"]
+        for action in ("north", "east", "south"):
+            *_, info = env.step(action)
+            assert info["retrieval_query"] == key
+    finally:
+        env.close()

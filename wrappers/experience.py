@@ -4,6 +4,7 @@ Holds:
 - ``ExperienceItem``, ``Retriever``: the small protocol the wrapper depends on
   (``retrieve(env_id, query, k)`` returning items with ``.id`` and ``.text``, and optionally
   ``report_outcome(entry_ids, score)``). ``crl_harness.experience.ExperienceManager`` is one.
+- ``retrieval_query``: the query of a reset (the env's key of the level, else the task text).
 - ``ExperienceAugmentation``: retrieves at reset and puts the experience where a harness places
   it; reports the episode's outcome for the extractor's credit when the episode ends.
 
@@ -18,7 +19,8 @@ from typing import Any, Protocol, runtime_checkable
 import gymnasium as gym
 from gymnasium.spaces import Text
 
-__all__ = ["ExperienceItem", "Retriever", "ExperienceAugmentation", "DEFAULT_HEADER"]
+__all__ = ["ExperienceItem", "Retriever", "ExperienceAugmentation", "DEFAULT_HEADER",
+           "retrieval_query"]
 
 DEFAULT_HEADER = "Distilled knowledge from earlier experience:"
 
@@ -43,7 +45,10 @@ class Retriever(Protocol):
 class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
     """Give each episode the experience retrieved for its task and first observation.
 
-    At reset the query is ``info["task"]`` plus the first observation; the top-``k`` items go to
+    At reset the query is the env's key of the level, ``info["retrieval_query"]`` (an env whose
+    levels share one task text gives one, e.g. MiniHack: the start cell and what is in view),
+    else ``info["task"]`` (the task text is the key of the level), else, for an env with neither,
+    the first observation; the top-``k`` items go to
     ``info["experience"]`` (the text, "" when none) and ``info["experience_ids"]``, and into the
     reset observation (``placement="observation"``) or ``info["instructions"]``
     (``placement="instructions"``, for a harness that builds the system prompt from it), under
@@ -107,8 +112,7 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
         items: Sequence[ExperienceItem] = []
         if use_experience and self.k:
             env_id = self.env_id or info.get("env_id") or self.env.spec.id
-            query = f"{info.get('task', '')}\n{observation}"
-            items = self.retriever.retrieve(env_id, query, self.k)
+            items = self.retriever.retrieve(env_id, retrieval_query(observation, info), self.k)
         text = "\n".join(f"- {item.text}" for item in items)
         self._episode_ids = [str(item.id) for item in items]
         self._reported = not self._episode_ids
@@ -132,6 +136,18 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
                 score = 1.0 if info.get("won") else float(info.get("score", 0.0))
                 report(list(self._episode_ids), score)
         return observation, reward, terminated, truncated, info
+
+
+def retrieval_query(observation: str, info: dict[str, Any]) -> str:
+    """What a reset retrieves experience with: ``info["retrieval_query"]``, else
+    ``info["task"]``, else the first observation.
+
+    >>> retrieval_query("You see a room.", {"task": "Reach the stairs.", "retrieval_query": "start x=1, y=2"})
+    'start x=1, y=2'
+    >>> retrieval_query("You see a room.", {"task": "Reach the stairs."})
+    'Reach the stairs.'
+    """
+    return info.get("retrieval_query") or info.get("task") or observation
 
 
 def _prepend_within(space: gym.Space, block: str, observation: str, separator: str = "\n\n") -> str:

@@ -19,7 +19,7 @@ from gymnasium.envs.registration import load_env_creator
 from nle import nethack
 
 from crl_envs.base import TextEnv, Transition
-from crl_envs.minihack.render import LEGEND, FogOfWarView
+from crl_envs.minihack.render import LEGEND, FogOfWarView, level_key
 
 with warnings.catch_warnings():
     # minihack 1.0.2 imports pkg_resources, which setuptools warns about on import: a user of our
@@ -182,6 +182,7 @@ class MiniHackEnv(TextEnv):
         self._view = FogOfWarView()
         self._obs: dict[str, np.ndarray] = {}
         self._status = ""
+        self._level_key: str | None = None
         self.instructions = self._instructions()
 
     # ----------------------------------------------------------------- text
@@ -208,6 +209,12 @@ class MiniHackEnv(TextEnv):
     @property
     def task(self) -> str:
         return self.spec_task.goal
+
+    @property
+    def retrieval_query(self) -> str | None:
+        """Every level has the same goal: the key is where it starts and what is in view there
+        (``level_key`` of the first observation), kept for the whole episode."""
+        return self._level_key
 
     def admissible_actions(self) -> list[str]:
         return list(self._actions)
@@ -250,7 +257,9 @@ class MiniHackEnv(TextEnv):
         self._nle.seed(core, disp, reseed=False)
         self._obs, _ = self._raw.reset()
         self._view.reset()
-        return self._observe()
+        observation = self._observe()
+        self._level_key = level_key(observation)
+        return observation
 
     def _step(self, action: str) -> Transition:
         command = self.normalize_action(action)

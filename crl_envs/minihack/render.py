@@ -3,6 +3,8 @@
 Holds:
 - ``UNEXPLORED``, ``ROCK``, ``OPEN_DOOR``: the characters this view adds to NetHack's own symbols;
 - ``LEGEND``: what every character of the view means (the env puts it in its instructions);
+- ``level_key``: the retrieval key of a level, from its first observation (start cell and what is
+  in view, by offset);
 - ``FogOfWarView``: remembers which cells the hero has ever seen and renders the explored part
   of the map as a framed, coordinate-labelled text grid plus a list of what is in view.
 
@@ -17,11 +19,13 @@ eight cells around it, even in the dark). Seen stone is drawn as ``ROCK``, unsee
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 from nle import nethack
 
-__all__ = ["UNEXPLORED", "ROCK", "OPEN_DOOR", "LEGEND", "FogOfWarView", "describe_offset"]
+__all__ = ["UNEXPLORED", "ROCK", "OPEN_DOOR", "LEGEND", "FogOfWarView", "describe_offset",
+           "level_key"]
 
 UNEXPLORED = "?"
 ROCK = "#"
@@ -78,6 +82,29 @@ def describe_offset(dx: int, dy: int) -> str:
         if d
     ]
     return ", ".join(parts) if parts else "here"
+
+
+_HERO_LINE = re.compile(r"^You \(@\) are at (x=\d+, y=\d+)\.", re.MULTILINE)
+_IN_VIEW_LINE = re.compile(r"^In view: (.*)\.$", re.MULTILINE)
+_ABSOLUTE = re.compile(r" at x=\d+, y=\d+ \(([^)]*)\)")
+
+
+def level_key(observation: str) -> str | None:
+    """The key of a level in a first observation of ``FogOfWarView.render``: the start cell and
+    what is in view, each thing by its offset only (absolute cells would repeat the start's
+    ``x=``/``y=`` words and pull retrieval toward other levels that start in the same row or
+    column). ``None`` when the observation shows no hero.
+
+    >>> level_key("You (@) are at x=38, y=10. HP 12/12.\\n"
+    ...           "In view: staircase down (>) at x=38, y=11 (1 south).")
+    'x=38, y=10; in view: staircase down (>) 1 south'
+    """
+    hero = _HERO_LINE.search(observation)
+    if hero is None:
+        return None
+    in_view = _IN_VIEW_LINE.search(observation)
+    seen = _ABSOLUTE.sub(r" \1", in_view.group(1)) if in_view else "nothing notable"
+    return f"{hero.group(1)}; in view: {seen}"
 
 
 @functools.lru_cache(maxsize=4096)

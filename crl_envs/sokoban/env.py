@@ -80,6 +80,7 @@ class SokobanEnv(TextEnv):
         self.num_boxes = num_boxes
         self.instructions = _instructions(num_boxes)
         self.level: Level | None = None
+        self._start_layout: str | None = None
 
     @property
     def task(self) -> str:
@@ -90,6 +91,12 @@ class SokobanEnv(TextEnv):
             return "Push both boxes onto the two targets."
         return f"Push all {count} boxes onto the {count} targets."
 
+    @property
+    def retrieval_query(self) -> str | None:
+        """Every level with the same box count has the same goal: the key is the level's
+        starting layout, kept for the whole episode."""
+        return self._start_layout
+
     def admissible_actions(self) -> list[str]:
         return list(ACTIONS)
 
@@ -99,6 +106,7 @@ class SokobanEnv(TextEnv):
             self.level = _level_from_option(options["level"])
         else:
             self.level = generate_level(self.np_random, **self._generation)
+        self._start_layout = self.level.to_text()
         return self._observation("A new level begins.")
 
     def _step(self, action: str) -> Transition:

@@ -7,6 +7,7 @@ one ``UserFacingError`` naming the flag, which ``crl`` prints as one line.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -19,16 +20,23 @@ AGENT_SPECS = "scripted | human | hf:NAME_OR_PATH | vllm:NAME_OR_PATH | openai:B
 
 def check_range(flag: str, value: float | None, low: float | None = None,
                 high: float | None = None) -> None:
-    """Raise unless ``low <= value <= high`` (a bound of None is open; a None value passes).
+    """Raise unless ``low <= value <= high`` (a bound of None is open; a None value passes) and
+    ``value`` is finite (argparse's ``float`` reads ``nan`` and ``inf``).
 
     >>> check_range("--workers", 2, low=1)
     >>> check_range("--workers", -3, low=1)
     Traceback (most recent call last):
     ...
     crl_envs.errors.UserFacingError: --workers must be >= 1, got -3.
+    >>> check_range("--temperature", float("nan"), low=0.0)
+    Traceback (most recent call last):
+    ...
+    crl_envs.errors.UserFacingError: --temperature must be a finite number, got nan.
     """
     if value is None:
         return
+    if not math.isfinite(value):
+        raise UserFacingError(f"{flag} must be a finite number, got {value}.")
     if low is not None and value < low:
         bound = f"between {low} and {high}" if high is not None else f">= {low}"
         raise UserFacingError(f"{flag} must be {bound}, got {value}.")

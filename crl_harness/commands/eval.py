@@ -11,7 +11,6 @@ appended as episodes finish; the input of ``crl swe filter``), ``report.json`` a
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import time
 from collections.abc import Sequence
@@ -113,36 +112,15 @@ def _json_object(text: str) -> dict[str, Any]:
     return kwargs
 
 
-def env_keywords(env_id: str) -> set[str] | None:
-    """The keyword arguments ``gym.make(env_id, ...)`` accepts: its env's constructor's and
-    ``max_episode_steps``; None when the constructor takes ``**kwargs`` (anything goes)."""
-    import gymnasium as gym
-    from gymnasium.envs.registration import load_env_creator
-
-    entry_point = gym.spec(env_id).entry_point
-    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
-    parameters = inspect.signature(creator).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return None
-    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return named | {"max_episode_steps"}
-
-
 def check_env_kwargs(env_ids: Sequence[str], kwargs: dict[str, Any]) -> None:
-    """Every key is one the env takes, and the env builds with them, before any model loads."""
-    import gymnasium as gym
+    """Every env takes ``kwargs`` (``crl_envs.check_make_kwargs``), before any model loads."""
+    from crl_envs import check_make_kwargs
 
     for env_id in env_ids:
-        known = env_keywords(env_id)
-        unknown = sorted(set(kwargs) - known) if known is not None else []
-        if unknown:
-            raise UserFacingError(f"--env-kwargs: {env_id} takes no argument "
-                                  f"{', '.join(map(repr, unknown))}; it takes: "
-                                  f"{', '.join(sorted(known or ()))}.")
         try:
-            gym.make(env_id, **kwargs).close()
-        except (TypeError, ValueError) as err:
-            raise UserFacingError(f"--env-kwargs do not fit {env_id}: {err}") from err
+            check_make_kwargs(env_id, kwargs)
+        except ValueError as err:
+            raise UserFacingError(f"--env-kwargs: {str(err).rstrip('.')}.") from err
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -158,6 +136,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_range("--history", args.history, 0)
     check_range("--temperature", args.temperature, 0.0)
     check_range("--top-p", args.top_p, 0.0, 1.0)
+    if args.top_p == 0:  # no token left to sample (the most likely one is what greedy is for)
+        raise UserFacingError("--top-p must be > 0 (0 < top-p <= 1); for the most likely token "
+                              "every time use --temperature 0.")
     check_range("--kv-cache-tokens", args.kv_cache_tokens, 1)
 
 
@@ -215,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
 
         backend = load_backend(args.agent, kv_reuse=not args.no_kv_reuse,
                                kv_cache_tokens=args.kv_cache_tokens)
+        # A reply may take at most half the context: the rest is for the prompt.
+        check_range("--max-new-tokens", args.max_new_tokens, 1, backend.max_context // 2)
         dtype = str(backend.model.dtype).removeprefix("torch.")
         console.print(f"model on {backend.device} ({dtype})")
     rollout = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -69,7 +69,9 @@ __all__ = [
     "EmbeddingModelError",
 ]
 
-_WORD = re.compile(r"[a-z0-9]+")
+# A word, or (second group) a cell: name=number pairs joined by commas ("x=38, y=10").
+_TOKEN = re.compile(r"([a-z0-9]+)(?![a-z0-9]*=\d)|([a-z]+=\d+(?:,\s*[a-z]+=\d+)*)")
+_SPACE = re.compile(r"\s+")
 _STOP = frozenset(STOPWORDS_EN)
 _STEMMERS = threading.local()  # a PyStemmer object must not be shared between threads
 
@@ -105,17 +107,26 @@ class RetrievalConfig:
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-case alphanumeric words, English stop words removed, Snowball-stemmed.
+    """Lower-case alphanumeric words, English stop words removed, Snowball-stemmed; a cell
+    written ``x=38, y=10`` is one token (``x=38,y=10``), so that a level's start cell matches
+    only itself, not every cell in its row or column.
 
     Example:
         >>> tokenize("Pushing the boxes onto the Targets!")
         ['push', 'box', 'onto', 'target']
+        >>> tokenize("Winning moves from x=38, y=10")
+        ['win', 'move', 'from', 'x=38,y=10']
     """
-    words = [w for w in _WORD.findall(text.lower()) if w not in _STOP]
     stemmer = getattr(_STEMMERS, "english", None)
     if stemmer is None:
         stemmer = _STEMMERS.english = Stemmer.Stemmer("english")
-    return stemmer.stemWords(words)
+    tokens = []
+    for word, cell in _TOKEN.findall(text.lower()):
+        if cell:
+            tokens.append(_SPACE.sub("", cell))
+        elif word not in _STOP:
+            tokens.append(stemmer.stemWord(word))
+    return tokens
 
 
 class BM25Index:

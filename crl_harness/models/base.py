@@ -21,6 +21,7 @@ __all__ = [
     "Generation",
     "ModelBackend",
     "ModelNotFoundError",
+    "ModelLoadError",
     "BackendUnavailableError",
     "STOP",
     "LENGTH",
@@ -34,6 +35,11 @@ LENGTH = "length"  # max_new_tokens was reached first
 
 class ModelNotFoundError(UserFacingError, FileNotFoundError):
     """A model name, path or package is not on this machine; the message says how to get it."""
+
+
+class ModelLoadError(UserFacingError):
+    """A local model or adapter folder is incomplete, damaged or does not fit its base model;
+    the message names the folder and what is wrong."""
 
 
 class BackendUnavailableError(UserFacingError, ImportError):

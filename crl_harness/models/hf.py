@@ -11,7 +11,6 @@ keeping a vocabulary-sized score tensor per step; rows that have finished leave 
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Sequence
@@ -24,10 +23,12 @@ from crl_harness.models.base import (
     BackendUnavailableError,
     Generation,
     Message,
+    ModelLoadError,
     ModelNotFoundError,
     encode_chat,
     stop_token_ids,
 )
+from crl_harness.models.model_folder import adapter_base, check_model_folder, is_adapter_folder
 
 __all__ = ["HFBackend", "sample_next_token"]
 
@@ -86,6 +87,7 @@ def sample_next_token(logits: Any, temperature: float, top_p: float, generator: 
         # Drop a token when the tokens ranked above it already hold top_p of the mass: the most
         # likely token always stays.
         drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop_sorted[..., 0] = False  # top_p=0 too: the nucleus is never empty
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     logps = torch.log_softmax(logits, dim=-1)
@@ -144,12 +146,13 @@ class HFBackend:
         if local.suffix == ".gguf" and gguf_file is None:
             path, gguf_file = str(local.parent), local.name
         extra = {"gguf_file": gguf_file} if gguf_file else {}
-        adapter = local if (local / "adapter_config.json").is_file() else None
+        adapter = local if is_adapter_folder(local) else None
         if adapter is not None:  # LoRA adapters (e.g. a warm start): load their base, then merge
             from crl_harness.models.registry import resolve_model_path
 
-            base = json.loads((adapter / "adapter_config.json").read_text())
-            path = resolve_model_path(base.get("base_model_name_or_path") or "")
+            path = resolve_model_path(adapter_base(adapter))
+        if not gguf_file and Path(path).expanduser().is_dir():
+            check_model_folder(Path(path).expanduser())
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, **extra)
             self.model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -167,6 +170,14 @@ class HFBackend:
                 f"Could not load a transformers model from {path!r}: {err}. Pass a local model "
                 "directory, a .gguf file, a Hugging Face id reachable from this machine, or a "
                 "short name such as 'smollm2-135m' (see crl_harness.models.registry)."
+            ) from err
+        except Exception as err:  # noqa: BLE001 - a damaged file fails in many library types
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            summary = " ".join(lines[:2])[:300].rstrip(".")
+            raise ModelLoadError(
+                f"Could not load {adapter or path}: {type(err).__name__}: {summary}. Its files "
+                "are damaged or do not fit together (a truncated copy, adapters of another base "
+                "model); write or copy it again."
             ) from err
         self.model.to(device).eval()
         self.device = device

@@ -26,7 +26,9 @@ class TaskDraw:
 
 
 class TaskSampler:
-    """Draws ``groups_per_step`` (env, seed) pairs per step; env by mixture weight, seed uniform.
+    """Draws ``groups_per_step`` (env, seed) pairs per step; env by mixture weight, seed uniform
+    over ``tasks.seeds`` when the config lists them, else over the range ``seed_offset`` +
+    ``seed_count``.
 
     >>> from crl_harness.config import EnvEntry, TaskConfig
     >>> tasks = TaskConfig(envs=[EnvEntry("CRL/Sokoban-v0", 1.0), EnvEntry("CRL/WebShop-v0", 3.0)],
@@ -36,6 +38,9 @@ class TaskSampler:
     True
     >>> [d.group_id for d in sampler.sample(7)]
     ['s7-g0', 's7-g1', 's7-g2', 's7-g3']
+    >>> pool = TaskConfig(envs=tasks.envs, groups_per_step=4, seeds=[5, 17, 40])
+    >>> {d.seed for step in range(20) for d in TaskSampler(pool, 0).sample(step)} == {5, 17, 40}
+    True
     """
 
     def __init__(self, tasks: TaskConfig, run_seed: int) -> None:
@@ -43,14 +48,13 @@ class TaskSampler:
         weights = np.array([e.weight for e in self.envs], dtype=np.float64)
         self.probabilities = weights / weights.sum()
         self.groups_per_step = tasks.groups_per_step
-        self.seed_offset = tasks.seed_offset
-        self.seed_count = tasks.seed_count
+        self.seeds = tasks.training_seeds()
         self.run_seed = run_seed
 
     def sample(self, step: int) -> list[TaskDraw]:
         rng = np.random.default_rng([self.run_seed, step])
         env_indices = rng.choice(len(self.envs), size=self.groups_per_step, p=self.probabilities)
-        seeds = self.seed_offset + rng.integers(0, self.seed_count, size=self.groups_per_step)
+        seeds = [self.seeds[i] for i in rng.integers(0, len(self.seeds), size=self.groups_per_step)]
         return [
             TaskDraw(int(e), self.envs[int(e)].id, int(s), f"s{step}-g{i}")
             for i, (e, s) in enumerate(zip(env_indices, seeds, strict=True))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crl_envs.minihack.oracle import moves_along, parse_observation, shortest_walk
+from crl_envs.minihack.render import level_key
 from crl_envs.oracles import make_oracle
 from crl_harness.experience.bank import ExperienceEntry
 from crl_harness.experience.manager import DistillationRequest, distill_prompt
@@ -53,12 +54,12 @@ def route_advice(env_id: str, start_observation: str, moves: list[str],
                  entry_id: str = "advice") -> ExperienceEntry:
     """The lesson "from the start, play MOVES", keyed by where the episode started.
 
-    The title carries the start position (MiniHack) so that retrieval by the next episode's first
-    observation (which states the hero's x and y) finds the entry of the same level.
+    The title carries the level's key (MiniHack's ``level_key``: the start cell and what is in
+    view there), the env's ``info["retrieval_query"]`` with which the next episode at this level
+    retrieves, so that it finds this entry.
     """
-    view = parse_observation(start_observation)
-    title = (f"Winning moves from x={view.hero[0]}, y={view.hero[1]}" if view is not None
-             else "Winning moves of this level")
+    key = level_key(start_observation)
+    title = f"Winning moves from {key}" if key is not None else "Winning moves of this level"
     return ExperienceEntry(entry_id, env_id, title, f"from the start, play {', '.join(moves)}.")
 
 
