@@ -43,6 +43,7 @@ __all__ = [
     "WarmStartConfig",
     "TrainConfig",
     "load_config",
+    "check_lora_fits",
     "config_to_dict",
     "config_dir",
     "HELDOUT_RESERVED",
@@ -640,6 +641,43 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if overlap(warm, seeds):
             fail("warmstart.seed_offset", f"the warm-start seeds [{warm.start}, {warm.stop}) "
                  f"overlap the {name} seeds [{seeds.start}, {seeds.stop}); move one range")
+
+
+def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
+    """The LoRA settings of ``learners`` (``actor``, ``extractor``, ``warmstart``) against their
+    model: every target module names a module of it and ``top_layers`` is at most its layers, or
+    a ``ConfigError`` naming the key. The model is built from its config file on the meta device
+    (no weights are read), so this runs before any model loads."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from crl_harness.models.model_folder import adapter_base, is_adapter_folder
+    from crl_harness.models.registry import resolve_model_path
+
+    specs = {"actor": cfg.actor.model, "warmstart": cfg.warmstart.model,
+             "extractor": cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model}
+    for learner in learners:
+        lora: LoRAConfig = getattr(cfg, learner).lora
+        if not lora.enabled or (learner == "extractor" and not cfg.trains_extractor):
+            continue
+        path = resolve_model_path(specs[learner].removeprefix("hf:"))
+        if is_adapter_folder(Path(path)):  # adapters are merged into their base first
+            path = resolve_model_path(adapter_base(Path(path)))
+        config = AutoConfig.from_pretrained(path)
+        with torch.device("meta"):
+            names = [name for name, _ in AutoModelForCausalLM.from_config(config).named_modules()]
+        # peft's rule: a target matches a module named it or ending in ".TARGET"
+        unmatched = [t for t in lora.target_modules
+                     if not any(n == t or n.endswith(f".{t}") for n in names)]
+        if unmatched:
+            known = sorted({n.rsplit(".", 1)[-1] for n in names if n.endswith("proj")})
+            raise ConfigError(f"bad config key '{learner}.lora.target_modules': "
+                              f"{', '.join(unmatched)} match no module of {specs[learner]}; its "
+                              f"projections are: {', '.join(known)}")
+        layers = getattr(config, "num_hidden_layers", None)
+        if layers is not None and lora.top_layers > layers:
+            raise ConfigError(f"bad config key '{learner}.lora.top_layers': {specs[learner]} has "
+                              f"{layers} layers, got {lora.top_layers}")
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:

@@ -22,10 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crl_harness.config import ConfigError, load_config
+    from crl_harness.config import ConfigError, check_lora_fits, load_config
 
     try:
         cfg = load_config(args.config, list(args.overrides))
+        check_lora_fits(cfg, ("warmstart",))
     except ConfigError as err:
         print(f"crl warmstart: {err}", file=sys.stderr)
         return 2
