@@ -39,8 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, with ``key=value`` overrides also after a flag (``crl train
+    cpu-demo --no-progress run.steps=1``): argparse fills a ``nargs="*"`` positional once, from
+    the words before the first flag, and cannot intermix with subcommands."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and not any(word.startswith("-") for word in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(build_parser(), argv)
     try:
         return int(args._module.run(args) or 0)
     except UserFacingError as err:

@@ -119,3 +119,19 @@ def test_hardening_cli_rejects_nonsense_and_runs_that_measured_nothing(tmp_path,
     assert main(["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--episodes", "2",
                  "--out", str(tmp_path / "failed"), "--no-progress"]) == 1
     assert "No episode ran to the end" in capsys.readouterr().out
+
+
+def test_hardening_overrides_may_follow_flags(tmp_path, capsys):
+    from crl_harness.cli import build_parser, parse_arguments
+
+    parser = build_parser()
+    args = parse_arguments(parser, ["train", "cpu-demo", "arm=none", "--no-progress",
+                                    "run.steps=1", "--resume", "name=x"])
+    assert args.overrides == ["arm=none", "run.steps=1", "name=x"] and args.no_progress
+    assert parse_arguments(parser, ["warmstart", "cpu-demo", "--", "a=1"]).overrides == ["a=1"]
+    with pytest.raises(SystemExit):  # a word after a flag of a command without overrides
+        parse_arguments(parser, ["play", "CRL/Sokoban-v0", "--seed", "0", "extra"])
+    assert "unrecognized arguments: extra" in capsys.readouterr().err
+    # the override reaches the config: a bad value after a flag is reported by its key
+    assert main(["train", "cpu-demo", "--no-progress", "run.steps=0"]) == 2
+    assert "bad config key 'run.steps'" in capsys.readouterr().err
