@@ -207,6 +207,8 @@ def main() -> None:
         parser.error("--repeats must be in 1..20 and --steps in 1..10000")
     if not 1 <= args.jobs <= 16:
         parser.error("--jobs must be in 1..16")
+    if not args.arms:
+        parser.error(f"--arms needs at least one of: {', '.join(ARMS)}")
     from crl_harness.config import HELDOUT_RESERVED
 
     if not 1 <= args.eval_levels <= HELDOUT_RESERVED:
@@ -221,9 +223,13 @@ def main() -> None:
     try:  # a bad --set stops here, not in every run's process
         for arm, seed in runs:
             run_config(args.config, arm, args.actor, seed, args.steps, out, overrides)
-    except ConfigError as err:
+    except ConfigError as err:  # a --seed out of range too (run.seed)
         parser.error(str(err))
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out {out}: cannot create this folder ({err.strerror or err}); pick "
+                     "another")
     started = time.perf_counter()
     train_all(runs, args, out, overrides)
     from crl_harness.training.metrics import read_metrics

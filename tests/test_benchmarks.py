@@ -17,6 +17,8 @@ EFFICACY = Path(__file__).resolve().parents[1] / "benchmarks" / "efficacy.py"
     (["--repeats", "0"], "--repeats must be in 1..20"),
     (["--steps", "0"], "--steps in 1..10000"),
     (["--arms", "grpo"], "invalid choice"),
+    (["--eval-levels", "0"], "--eval-levels must be in 1..10000"),
+    (["--eval-levels", "10001"], "--eval-levels must be in 1..10000"),
     (["--set", "actor.no_such_key=1"], "no_such_key"),
 ])
 def test_hardening_efficacy_flags_out_of_range_stop_with_usage(tmp_path, flags, message):
@@ -38,3 +40,21 @@ def test_hardening_efficacy_stops_at_the_first_failed_run_and_names_it(tmp_path)
     assert "Traceback" not in done.stderr  # one line, as `crl` says it
     assert not (tmp_path / "none-seed1").exists()  # the second run was never started
     assert not (tmp_path / "efficacy.json").exists()
+
+
+def test_hardening_efficacy_empty_arms_a_file_as_out_and_a_negative_seed_are_usage_errors(
+        tmp_path, monkeypatch, capsys):
+    import runpy
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("kept\n")
+    for flags, message in ((["--arms"], "--arms needs at least one of"),
+                           (["--out", str(a_file)], "cannot create this folder"),
+                           (["--out", str(a_file / "sub")], "cannot create this folder"),
+                           (["--seed", "-1"], "bad config key 'run.seed'")):
+        monkeypatch.setattr(sys, "argv", ["efficacy.py", "--out", str(tmp_path / "out"), *flags])
+        with pytest.raises(SystemExit) as stopped:  # in this process: no interpreter to start
+            runpy.run_path(str(EFFICACY), run_name="__main__")
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and message in err and "Traceback" not in err, flags
+    assert a_file.read_text() == "kept\n" and not (tmp_path / "out").exists()
