@@ -137,7 +137,10 @@ class Trainer:
         try:
             self._build(resume)
         except BaseException:
-            self.run.close()
+            if resume:  # the resumed run's folder stays as it was
+                self.run.close()
+            else:  # a fresh run that never started leaves the folder free
+                self.run.discard()
             raise
 
     def _build(self, resume: bool) -> None:

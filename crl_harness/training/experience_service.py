@@ -231,6 +231,7 @@ class ExperienceService:
         export = source / BANK_EXPORT if source.is_dir() else source
         bank_path = run_dir / BANK_FILE
         staged = run_dir / f".{BANK_FILE}.restoring"
+        run_dir.mkdir(parents=True, exist_ok=True)
         with _writer_lock(bank_path):
             _remove_bank_files(staged)
             try:

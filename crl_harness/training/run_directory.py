@@ -77,12 +77,7 @@ class RunDirectory:
                 raise RunDirectoryError(
                     f"{path} holds another run ({_describe(path, found)}); continue it with "
                     "--resume, delete it with --overwrite, or pick another run.output_dir.")
-            for name in found:
-                target = path / name
-                if target.is_dir():
-                    shutil.rmtree(target)
-                else:
-                    target.unlink()
+            _delete_run_files(path)
             run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
             tmp = path / f".{RUN_FILE}.tmp"
             tmp.write_text(json.dumps({"run_id": run_id, "created": time.time()}))
@@ -107,6 +102,12 @@ class RunDirectory:
             raise
         return cls(path, run_id, lock)
 
+    def discard(self) -> None:
+        """Undo a fresh run that failed to start (a missing model, a bad bank): every run file
+        here is its own (``create`` found none, or deleted them), so the folder is free again."""
+        _delete_run_files(self.path)
+        self.close()
+
     def close(self) -> None:
         """Release the lock (the run is no longer live)."""
         if self._lock is not None:
@@ -125,6 +126,15 @@ def read_run_id(path: str | os.PathLike) -> str | None:
         return str(json.loads((Path(path) / RUN_FILE).read_text())["run_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _delete_run_files(path: Path) -> None:
+    for name in occupied(path):  # in RUN_FILES' order: run.json first
+        target = path / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
 
 
 def _lock(path: Path) -> IO[str]:
