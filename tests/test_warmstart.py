@@ -210,7 +210,7 @@ def test_hardening_warmstart_kill_keeps_the_previous_adapter(tiny, tmp_path, mon
 
 def test_hardening_warmstart_bad_configs(tiny, tmp_path):
     with pytest.raises(WarmStartError, match="CRL/WebShop-v0 has none"):
-        run_warmstart(_config(tiny, tmp_path, "tasks.envs.0.id=CRL/WebShop-v0"))
+        run_warmstart(_config(tiny, tmp_path, "tasks.envs=[{id: CRL/WebShop-v0}]"))
     with pytest.raises(WarmStartError, match="raise actor.max_new_tokens"):
         run_warmstart(_config(tiny, tmp_path, "actor.max_new_tokens=8"))  # targets would be cut
     for override, match in (("warmstart.noise=1.5", "warmstart.noise"),
@@ -229,9 +229,33 @@ def test_hardening_crl_warmstart_command_errors(tiny, tmp_path, capsys):
     assert main(["warmstart", "cpu-demo", "warmstart.noise=2"]) == 2
     assert "warmstart.noise" in capsys.readouterr().err
     assert main(["warmstart", "cpu-demo", f"warmstart.model=hf:{tiny}",
-                 f"warmstart.output_dir={tmp_path}/w", "tasks.envs.0.id=CRL/ALFWorld-v0"]) == 2
+                 f"warmstart.output_dir={tmp_path}/w", "tasks.envs=[{id: CRL/ALFWorld-v0}]",
+                 "warmstart.lora.top_layers=1"]) == 2
     assert "CRL/ALFWorld-v0 has none" in capsys.readouterr().err
     assert not (tmp_path / "w" / "actor").exists()
+
+
+def test_hardening_warmstart_replaces_only_what_it_wrote(tiny, tmp_path, capsys):
+    from crl_harness.cli import main
+
+    models = tmp_path / "models"  # warmstart.output_dir=~/models: a folder of other things
+    for name in ("actor", "extractor"):
+        (models / name).mkdir(parents=True)
+        (models / name / "weights.bin").write_text(f"someone's {name}")
+    cfg = _config(tiny, tmp_path, f"warmstart.output_dir={models}")
+    with pytest.raises(WarmStartError, match=f"{models / 'actor'} exists and is not what"):
+        run_warmstart(cfg, log=lambda _: None)
+    (models / "actor" / "weights.bin").unlink()  # an empty folder loses nothing; extractor/ would
+    assert main(["warmstart", "cpu-demo", f"warmstart.model=hf:{tiny}", "warmstart.lora.r=4",
+                 "warmstart.lora.top_layers=1", f"warmstart.output_dir={models}"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"{models / 'extractor'} exists" in line and "warmstart.output_dir" in line
+    (models / "extractor" / "weights.bin").unlink()
+    (models / "metrics.json").write_text('{"mine": 1}')
+    with pytest.raises(WarmStartError, match="metrics.json exists"):
+        run_warmstart(cfg, log=lambda _: None)
+    assert (models / "metrics.json").read_text() == '{"mine": 1}'
+    assert sorted(p.name for p in models.iterdir()) == ["actor", "extractor", "metrics.json"]
 
 
 def test_hardening_missing_warm_start_says_how_to_make_it():

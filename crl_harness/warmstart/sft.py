@@ -78,11 +78,39 @@ def fit(model: Any, rows: list[TrainingRow], *, lr: float, epochs: int, batch_si
     return learner, losses
 
 
+ADAPTER_FILES = frozenset({"adapter_config.json", "adapter_model.safetensors", "README.md"})
+"""what ``save_adapter`` writes into an adapter folder (peft's layout)"""
+
+
+def check_replaceable(path: Path) -> None:
+    """Raise ``WarmStartError`` unless writing ``path`` loses nothing: it does not exist, or is
+    what a warm start wrote there (an adapter folder of ``ADAPTER_FILES`` only, an empty folder,
+    its ``metrics.json``). ``warmstart.output_dir`` may be any folder (``.``, ``~/models``)."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.name == "metrics.json":
+        try:
+            ours = path.is_file() and "actor_losses" in json.loads(path.read_text())
+        except (OSError, ValueError, TypeError):
+            ours = False
+    else:
+        names = {p.name for p in path.iterdir()} if path.is_dir() and not path.is_symlink() \
+            else None
+        ours = names is not None and names <= ADAPTER_FILES \
+            and (not names or "adapter_config.json" in names)
+    if not ours:
+        raise WarmStartError(f"{path} exists and is not what a warm start writes there; the warm "
+                             "start would replace it: move it, or set warmstart.output_dir to "
+                             "another folder.")
+
+
 def save_adapter(learner: PolicyLearner, directory: Path, base: str) -> Path:
     """Write the learner's LoRA adapters (fp16, peft layout) to ``directory`` atomically:
-    a killed run leaves the previous adapter or the new one, never half of one."""
+    a killed run leaves the previous adapter or the new one, never half of one. What is there
+    must be an adapter (``check_replaceable``)."""
     from safetensors.torch import save_file
 
+    check_replaceable(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     try:
@@ -96,12 +124,14 @@ def save_adapter(learner: PolicyLearner, directory: Path, base: str) -> Path:
         # path peft records would not).
         config["base_model_name_or_path"] = base.removeprefix("hf:")
         config_path.write_text(json.dumps(config, indent=2))
-        old = directory.with_name(f".{directory.name}-old")
         if directory.exists():
+            # The old adapter goes to a fresh name (a fixed one could be someone's folder).
+            old = tempfile.mkdtemp(prefix=f".{directory.name}-old-", dir=directory.parent)
+            os.replace(directory, old)  # onto the empty folder: one rename
+            os.replace(staging, directory)
             shutil.rmtree(old, ignore_errors=True)
-            os.replace(directory, old)
-        os.replace(staging, directory)
-        shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -124,6 +154,9 @@ def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[
             f"warm start needs an oracle that reads only the observation; {', '.join(unsupported)} "
             f"has none (its oracle uses the episode's solution). Supported: {', '.join(REASONS)}.")
     out = Path(w.output_dir)
+    writes_extractor = bool(w.extractor_samples and cfg.uses_experience)
+    for name in ("actor", "metrics.json", *(("extractor",) if writes_extractor else ())):
+        check_replaceable(out / name)  # before anything loads or trains
     out.mkdir(parents=True, exist_ok=True)
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
@@ -174,7 +207,7 @@ def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[
         "actor_loss_first": actor_losses[0], "actor_loss_last": actor_losses[-1],
         "actor_losses": actor_losses, "data_seconds": data_time, "actor_seconds": actor_time,
     }
-    if w.extractor_samples and cfg.uses_experience:
+    if writes_extractor:
         t2 = time.perf_counter()
         extractor_backend = load_backend(w.model, dtype="float32", kv_reuse=False)
         chosen = rng.sample(episodes, min(w.extractor_samples, len(episodes)))
@@ -191,6 +224,7 @@ def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[
                         "extractor_loss_last": ex_losses[-1], "extractor_losses": ex_losses,
                         "extractor_seconds": time.perf_counter() - t2})
     metrics["total_seconds"] = time.perf_counter() - t0
+    check_replaceable(out / "metrics.json")
     _write_json(out / "metrics.json", metrics)
     log(f"warmstart: done in {metrics['total_seconds']:.0f} s; adapters in {out} "
         f"(actor.model=hf:{out / 'actor'})")
