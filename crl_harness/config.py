@@ -46,6 +46,7 @@ __all__ = [
     "check_lora_fits",
     "config_to_dict",
     "config_dir",
+    "updated_lesson_steps",
     "HELDOUT_RESERVED",
 ]
 
@@ -558,14 +559,10 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         fail("experience.candidates", f"must be >= experience.k ({e.k}), got {e.candidates}")
     for key, value in (("experience.count_penalty", e.count_penalty),
                        ("experience.recency_window_s", e.recency_window_s)):
-        if not value >= 0:  # NaN too
+        if value < 0:
             fail(key, f"must be >= 0, got {value}")
     if not 0.0 <= e.demotion_prob <= 1.0:
         fail("experience.demotion_prob", f"must be in [0, 1], got {e.demotion_prob}")
-    penalty = cfg.extractor.format_penalty
-    if penalty is not None and not -1e6 <= penalty <= 1e6:  # NaN and inf too
-        fail("extractor.format_penalty", f"must be a finite number (e.g. -1) or null, got "
-             f"{penalty}")
     if cfg.arm == "none":
         for key in SWITCHES:
             if getattr(cfg.experience, key.removeprefix("experience.")):
@@ -678,6 +675,29 @@ def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
         if layers is not None and lora.top_layers > layers:
             raise ConfigError(f"bad config key '{learner}.lora.top_layers': {specs[learner]} has "
                               f"{layers} layers, got {lora.top_layers}")
+
+
+def updated_lesson_steps(cfg: TrainConfig) -> int:
+    """The steps of a run that can retrieve lessons written after the extractor's first update,
+    at the earliest (0: training the extractor cannot reach the actor before the run ends).
+
+    Entries are first retrieved, and their writers credited, in step ``warmup_steps + 1`` (a
+    fresh bank without ``experience.initial_bank`` fills in step 1 first); a step credits at
+    most ``groups_per_step * guided_per_group * k`` generations, so ``train_after`` of them are
+    waiting by step ``u``; the distillations of step ``u + 1`` use the update, and what they
+    write is retrieved from step ``u + 2`` on. (Malformed answers with ``extractor.format_penalty``
+    wait from their distillation on, which can only make ``u`` earlier.)
+
+    >>> updated_lesson_steps(load_config("cpu-demo"))
+    2
+    """
+    t = cfg.tasks
+    first = cfg.actor.warmup_steps + 1
+    if cfg.experience.initial_bank is None:
+        first = max(first, 2)
+    per_step = t.groups_per_step * t.guided_per_group * cfg.experience.k
+    update = first + math.ceil(cfg.extractor.train_after / per_step) - 1
+    return max(cfg.run.steps - (update + 2) + 1, 0)
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:

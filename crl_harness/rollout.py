@@ -173,6 +173,9 @@ class RolloutConfig:
     """Added to the episode reward for each reply that breaks the answer format (0 disables)."""
     max_live: int = 64
     """Episodes played at once (the generate batch)."""
+    credit_entries: bool = True
+    """Report each guided episode's outcome for the entries it was shown as it ends; false: the
+    caller credits them (the trainer's relative credit needs the episode's whole group)."""
     workers: int = 1
     """Threads for env resets and steps (envs whose steps wait on a process or C code); keep 1
     for ALFWorld, whose game loading is not thread-safe."""
@@ -584,7 +587,7 @@ class RolloutEngine:
         asks."""
         score = 1.0 if traj.won else traj.score
         report = getattr(self.retriever, "report_outcome", None)
-        if traj.experience_ids and report is not None:
+        if traj.experience_ids and report is not None and self.config.credit_entries:
             if traj.gate is None:
                 report(list(traj.experience_ids), score)
             else:

@@ -9,8 +9,10 @@ Holds ``Trainer``. One step:
 4. send the finished guided trajectories to the Experience Manager (the background track
    distils them into the bank with the extractor);
 5. read the extractor's generation rewards (each the mean credit of every episode that used
-   what the generation wrote, so far); once ``train_after`` are waiting, update the extractor
-   with CISPO (arm ``co-evolve`` only) and release them;
+   what the generation wrote, so far; with ``experience.credit: relative`` an episode's credit
+   is its score minus its group's free subgroup's mean, reported once step 2 ends); once
+   ``train_after`` are waiting, update the extractor with CISPO (arm ``co-evolve`` only) and
+   release them;
 6. every ``merge_every`` steps, queue a merge pass over the bank;
 7. push the new weights to the rollout backend (a no-op in one process: the learners train the
    backends' own models), log metrics, checkpoint every ``checkpoint_every`` steps.
@@ -33,6 +35,7 @@ import functools
 import json
 import random
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,13 +44,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from crl_harness.config import TrainConfig, config_to_dict
+from crl_harness.config import TrainConfig, config_to_dict, updated_lesson_steps
 from crl_harness.eval import paired_difference
 from crl_harness.experience import (
     CRITIC_SCORES,
     DistillationRequest,
     GenerationReward,
     episode_credit,
+    free_baselines,
     gated_credit,
 )
 from crl_harness.losses import (
@@ -131,6 +135,13 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.run.output_dir)
         self.on_step = on_step
+        if cfg.trains_extractor and updated_lesson_steps(cfg) < 2:
+            # A smoke run may be this short on purpose; an experiment should not be.
+            warnings.warn(
+                f"{cfg.name}: lessons written after the extractor's first update are retrieved in "
+                f"{updated_lesson_steps(cfg)} step(s) of this run at the earliest, so co-evolution "
+                f"cannot show; give run.steps >= {cfg.run.steps + 2 - updated_lesson_steps(cfg)} "
+                "or a lower extractor.train_after (README, Experience)", stacklevel=2)
         # Refused (live, or another run's folder) before anything loads or changes on disk.
         self.run = (RunDirectory.reopen(self.run_dir) if resume
                     else RunDirectory.create(self.run_dir, overwrite=overwrite))
@@ -227,6 +238,8 @@ class Trainer:
         results = self.rollouts.run(specs)
         trajectories = [t for t in results if not t.error]
         times["rollout"] = time.perf_counter() - t0
+        if self.experience is not None and cfg.experience.credit == "relative":
+            self._credit_relative(trajectories)
 
         # 3. Finished trajectories of the guided slots go to the Experience Manager at once: their
         #    distillation runs in the background while the actor trains (PAPER.md's two loops);
@@ -309,6 +322,20 @@ class Trainer:
         if trained:
             self.packed_fraction = packed / trained
         return rows
+
+    def _credit_relative(self, trajectories: list[Trajectory]) -> None:
+        """``experience.credit: relative``: each guided episode shown entries credits their
+        writers with its score minus its group's free subgroup's mean score (the engine, which
+        credits an episode as it ends, left them to this step: the group had to finish)."""
+        assert self.experience is not None
+        score = {id(t): 1.0 if t.won else t.score for t in trajectories}
+        baselines = free_baselines((t.group_id, t.use_experience, score[id(t)])
+                                   for t in trajectories)
+        for t in trajectories:
+            if t.use_experience and t.experience_ids and t.group_id in baselines:
+                self.experience.report_outcome(
+                    list(t.experience_ids), score[id(t)],
+                    t.gate.critic if t.gate is not None else None, baselines[t.group_id])
 
     def _extractor_step(self) -> UpdateStats | None:
         """Train the extractor once ``train_after`` used generations wait, then release them."""
@@ -506,6 +533,7 @@ class Trainer:
             max_new_tokens=cfg.actor.max_new_tokens, temperature=cfg.actor.temperature,
             top_p=cfg.actor.top_p, history=cfg.actor.history,
             format_penalty=cfg.actor.format_penalty, max_live=cfg.tasks.groups_per_step * cfg.tasks.group_size,
+            credit_entries=cfg.experience.credit == "outcome",
             workers=cfg.run.rollout_workers, experience_k=cfg.experience.k,
             actor_critic_gate=cfg.experience.actor_critic_gate,
             search_and_ask=cfg.experience.search_and_ask, max_asks=cfg.experience.max_asks,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from crl_harness.cli import main
-from crl_harness.config import ConfigError, config_dir, load_config
+from crl_harness.config import ConfigError, config_dir, load_config, updated_lesson_steps
 
 SHIPPED = sorted(p.stem for p in config_dir().glob("*.yaml"))
 
@@ -195,3 +195,40 @@ def test_hardening_lora_that_does_not_fit_the_model_is_a_config_error_before_it_
         err = capsys.readouterr().err
         assert f"bad config key '{key}'" in err and "Traceback" not in err
         assert not (tmp_path / "run" / "config.json").exists()  # refused before the run began
+
+
+@pytest.mark.parametrize("override, key", [
+    ("experience.count_penalty=-0.1", "experience.count_penalty"),
+    ("experience.demotion_prob=1.5", "experience.demotion_prob"),
+    ("experience.demotion_prob=-1", "experience.demotion_prob"),
+    ("experience.recency_window_s=-300", "experience.recency_window_s"),
+    ("experience.candidates=0", "experience.candidates"),
+    ("experience.credit=shared", "experience.credit"),
+    ("tasks.seeds=[]", "tasks.seeds"),
+    ("tasks.seeds=[3, 5, 3]", "tasks.seeds"),
+    ("tasks.seeds=[-2]", "tasks.seeds"),
+    ("tasks.seeds=[1, 50000003]", "tasks.seeds"),   # a held-out level
+    ("tasks.seeds=[10000001]", "tasks.seeds"),      # a warm-start level
+    ("tasks.seeds=[one, two]", "tasks.seeds"),
+])
+def test_hardening_bad_retrieval_credit_and_pool_settings_are_one_config_error(override, key):
+    with pytest.raises(ConfigError, match=f"bad config key '{key}") as err:
+        load_config("cpu-demo", [override])
+    assert "\n" not in str(err.value)
+
+
+def test_explicit_training_seeds_replace_the_range():
+    cfg = load_config("cpu-demo", ["tasks.seeds=[0, 5, 9]"])
+    assert list(cfg.tasks.training_seeds()) == [0, 5, 9]
+    assert load_config("cpu-demo").tasks.training_seeds() == range(0, 4)
+
+
+def test_updated_lessons_are_retrieved_in_two_steps_of_cpu_demo():
+    """The extractor's first update can come at step 2 of cpu-demo (step 1 fills the bank, step
+    2 retrieves and credits); what it writes after is retrieved in steps 4 and 5."""
+    cfg = load_config("cpu-demo")
+    assert updated_lesson_steps(cfg) == 2
+    assert updated_lesson_steps(load_config("cpu-demo", ["run.steps=4"])) == 1
+    # train_after waits for generations from several steps: 8 at 4 a step take two
+    assert updated_lesson_steps(load_config("cpu-demo", ["extractor.train_after=8"])) == 1
+    assert updated_lesson_steps(load_config("cpu-demo", ["actor.warmup_steps=3"])) == 0

@@ -357,3 +357,41 @@ def test_read_write_lock_starves_neither_side():
         thread.join(timeout=10)
     assert inside["overlap"] == 0, "a writer shared the lock"
     assert waits["readers"] < 1.0 and waits["writers"] < 1.0, waits
+
+
+def test_relative_credit_on_a_hand_made_group(bank):
+    """``experience.credit: relative``: the trainer credits each guided episode's entries with
+    its score minus its group's free mean once the step's rollouts end. A lesson used on a level
+    every free episode wins earns nothing for the level's ease; the paper's outcome credit would
+    give it +1."""
+    from types import SimpleNamespace
+
+    from crl_harness.rollout import Trajectory
+    from crl_harness.trainer import Trainer
+
+    with ExperienceManager(bank) as manager:
+        for generation in ("g-hard", "g-easy"):
+            manager.ledger.register(generation, "prompt", "output", "distill")
+        hard, easy = manager.apply([AddEntry(ENV, "hard", "lesson", generation_id="g-hard"),
+                                    AddEntry(ENV, "easy", "lesson", generation_id="g-easy")]).added
+
+        def episode(group: int, guided: bool, won: bool, entry=None) -> Trajectory:
+            return Trajectory(ENV, seed=group, group_id=group, use_experience=guided, won=won,
+                              score=float(won), experience_ids=[entry.id] if entry else [])
+
+        group = [episode(0, True, True, hard), episode(0, True, False, hard),   # guided: 1, 0
+                 episode(0, False, False), episode(0, False, False),            # free mean 0
+                 episode(1, True, True, easy), episode(1, True, True, easy),    # guided: 1, 1
+                 episode(1, False, True), episode(1, False, True)]              # free mean 1
+        Trainer._credit_relative(SimpleNamespace(experience=manager), group)
+        rewards = {r.generation_id: (r.reward, r.n_uses) for r in manager.generation_rewards()}
+        assert rewards == {"g-hard": (0.5, 2), "g-easy": (0.0, 2)}
+        # the paper's outcome credit of the same episodes: the easy level's lesson looks best
+        manager.release_generations(["g-hard", "g-easy"])
+        for generation in ("g-hard", "g-easy"):
+            manager.ledger.register(generation, "prompt", "output", "distill")
+        for t in group:
+            if t.experience_ids:
+                manager.report_outcome(t.experience_ids, t.score)
+        rewards = {r.generation_id: r.reward for r in manager.generation_rewards()}
+        assert rewards == {"g-hard": 0.0, "g-easy": 1.0}

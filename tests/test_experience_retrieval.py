@@ -222,3 +222,40 @@ def test_hardening_a_failing_search_reaches_every_caller_and_the_manager_goes_on
     with pytest.raises(RuntimeError, match="closed"):
         manager.retrieve(env_id, queries[0], 1)
     bank.close()
+
+
+@pytest.mark.parametrize("settings, spread", [
+    ([], True),                                                        # released: 0.4, 0.5
+    (["experience.count_penalty=0", "experience.demotion_prob=0"], False),
+    (["experience.count_penalty=0", "experience.demotion_prob=1"], True),  # demotion alone
+    (["experience.count_penalty=0.4", "experience.demotion_prob=0"], True),  # penalty alone
+    (["experience.count_penalty=0", "experience.demotion_prob=1",
+      "experience.recency_window_s=0"], False),                        # nothing is recent
+])
+def test_rerank_settings_of_the_config_change_the_ranking(tmp_path, settings, spread):
+    """``experience.count_penalty``, ``demotion_prob`` and ``recency_window_s`` reach the
+    training run's Experience Manager: retrieved again and again for one level's key, its own
+    lesson keeps the top slot only with the re-rank off (or nothing recent to demote)."""
+    from crl_harness.config import load_config
+    from crl_harness.models import HFBackend
+    from crl_harness.models.tiny import build_tiny_model
+    from crl_harness.training.experience_service import ExperienceService
+
+    cfg = load_config(None, settings)
+    backend = HFBackend(build_tiny_model(tmp_path / "tiny"))
+    service = ExperienceService(tmp_path / "run", cfg.experience, backend, max_new_tokens=8,
+                                temperature=1.0, top_p=1.0)
+    try:
+        env = "CRL/MiniHackRoom-v0"
+        service.manager.apply([
+            AddEntry(env, "Winning moves from x=38, y=10; in view: nothing notable",
+                     "from the start, play north, east."),
+            AddEntry(env, "Winning moves from x=38, y=11; in view: nothing notable",
+                     "from the start, play south.")])
+        assert service.flush(timeout=60)
+        key = "x=38, y=10; in view: nothing notable"
+        seen = [service.retrieve(env, key, 1)[0].title for _ in range(12)]
+        assert seen[0].startswith("Winning moves from x=38, y=10")
+        assert (len(set(seen)) == 2) is spread
+    finally:
+        service.close()

@@ -461,3 +461,36 @@ def test_lora_trains_only_the_adapters(models, tmp_path, alternating_rewards):
         got = merged.model(input_ids=ids).logits
     assert not any("lora_" in k for k in merged.model.state_dict())
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_relative_credit_reaches_the_ledger_once_per_guided_use(models, tmp_path):
+    """``experience.credit=relative`` end to end: the engine leaves the entries' credit to the
+    trainer, which gives each guided use its score minus its group's free mean, once."""
+    _, initial_bank = _seed_bank(tmp_path)
+    cfg = load_config(None, _overrides(models, tmp_path) + [
+        initial_bank, "experience.credit=relative", "extractor.train_after=64"])
+    trainer = Trainer(cfg)
+    for i in range(3):  # the seeded entries' writers, awaiting credit as a run's own would
+        trainer.experience.manager.ledger.register(f"seed-{i}", "prompt", "output", "distill")
+    played: list = []
+    run = trainer.rollouts.run
+    trainer.rollouts.run = lambda specs: played.extend(run(specs)) or played[-len(specs):]
+    try:
+        trainer.train_step(1)
+        score = {id(t): 1.0 if t.won else t.score for t in played}
+        free: dict[int, list[float]] = {}
+        for t in played:
+            if not t.use_experience:
+                free.setdefault(t.group_id, []).append(score[id(t)])
+        expected: dict[str, list[float]] = {}
+        entries = {e.id: e.generation_id for e in trainer.experience.bank.entries("CRL/Sokoban-v0")}
+        for t in played:
+            for entry_id in t.experience_ids:
+                expected.setdefault(entries[entry_id], []).append(
+                    score[id(t)] - sum(free[t.group_id]) / len(free[t.group_id]))
+        assert expected  # the guided episodes retrieved the seeded entries
+        got = {g.generation_id: (g.reward, g.n_uses)
+               for g in trainer.experience.generation_rewards()}
+        assert got == {g: (pytest.approx(sum(v) / len(v)), len(v)) for g, v in expected.items()}
+    finally:
+        trainer.close()

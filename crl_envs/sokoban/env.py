@@ -93,9 +93,10 @@ class SokobanEnv(TextEnv):
 
     @property
     def retrieval_query(self) -> str | None:
-        """Every level with the same box count has the same goal: the key is the level's
-        starting layout, kept for the whole episode."""
-        return self._start_layout
+        """Every level with the same box count has the same goal: the key is the goal and the
+        level's starting layout, kept for the whole episode (the goal's words find lessons
+        written in words; BM25 reads no positions in a grid of symbols, dense retrieval does)."""
+        return None if self._start_layout is None else f"{self.task}\n{self._start_layout}"
 
     def admissible_actions(self) -> list[str]:
         return list(ACTIONS)

@@ -24,7 +24,9 @@ from crl_harness.experience.bank import (
 from crl_harness.experience.credit import (
     CreditLedger,
     GenerationReward,
+    entry_credit,
     episode_credit,
+    free_baselines,
     gated_credit,
 )
 from crl_harness.experience.gate import CRITIC_SCORES, GateVerdict, parse_verdict
@@ -47,6 +49,7 @@ from crl_harness.experience.retrieval import RetrievalConfig, diversity_rerank, 
 __all__ = [
     "AddEntry", "ApplyResult", "BankError", "DeleteEntries", "ExperienceBank", "ExperienceEntry",
     "VoteEntry", "CreditLedger", "GenerationReward", "episode_credit", "gated_credit",
+    "entry_credit", "free_baselines",
     "AskAnswer", "AskRecord", "parse_ask", "CRITIC_SCORES", "GateVerdict", "parse_verdict",
     "DistillationRequest", "ExperienceManager", "ManagerConfig", "ReadWriteLock",
     "distill_prompt",

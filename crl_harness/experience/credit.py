@@ -2,21 +2,26 @@
 the episodes that used it ended.
 
 Holds ``GenerationReward`` (what the trainer reads) and ``CreditLedger``. A generation's reward is
-the mean, over the episodes that retrieved entries it wrote, of the episode's score, with a score
-of 0 counted as -1 (PAPER.md, "Extractor: CISPO, credited by use"). With the actor-critic gate, the
-entries shown are credited by the actor's verdict instead (``gated_credit``). Its record stays in
-the ledger until the trainer trains on it and ``release``-s it, so every use until then counts.
+the mean, over the episodes that retrieved entries it wrote, of the credit each gave
+(``entry_credit``): the paper's is the episode's score, with a score of 0 counted as -1 (PAPER.md,
+"Extractor: CISPO, credited by use"); the relative one (``experience.credit: relative``) is the
+score minus the mean score of the group's free subgroup (``free_baselines``), the same level at
+the same step without experience, so that a lesson is credited with the help it gave rather than
+with its level's success rate. With the actor-critic gate, the entries shown are credited by the
+actor's verdict instead (``gated_credit``). Its record stays in the ledger until the trainer
+trains on it and ``release``-s it, so every use until then counts.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from collections.abc import Iterable
+from collections import OrderedDict, defaultdict
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["GenerationReward", "CreditLedger", "episode_credit", "gated_credit", "Kind"]
+__all__ = ["GenerationReward", "CreditLedger", "episode_credit", "gated_credit", "entry_credit",
+           "free_baselines", "Kind"]
 
 Kind = Literal["distill", "merge", "ask"]
 
@@ -35,6 +40,37 @@ def gated_credit(score: float, critic: float) -> float:
     (2.0, 1.0, 0.5, -1.0)
     """
     return float(critic) if critic < 1 else float(score) + float(critic)
+
+
+def entry_credit(score: float, critic: float | None = None, baseline: float | None = None) -> float:
+    """The credit one episode gives the writers of the entries it was shown: with no
+    ``baseline`` the paper's (``episode_credit``, or ``gated_credit`` with the gate's ``critic``);
+    with one (relative credit) the score minus it, which the gate's accept adds its critic to.
+
+    >>> entry_credit(1.0), entry_credit(0.0), entry_credit(1.0, baseline=0.25)
+    (1.0, -1.0, 0.75)
+    >>> entry_credit(0.0, baseline=0.5), entry_credit(1.0, critic=1.0, baseline=0.5)
+    (-0.5, 1.5)
+    """
+    if baseline is None:
+        return episode_credit(score) if critic is None else gated_credit(score, critic)
+    relative = float(score) - float(baseline)
+    return relative if critic is None else gated_credit(relative, critic)
+
+
+def free_baselines(episodes: Iterable[tuple[Hashable, bool, float]]) -> dict[Hashable, float]:
+    """The mean score of each group's free subgroup, from ``(group, guided, score)`` rows; a
+    group none of whose free episodes finished has no baseline (and no relative credit).
+
+    >>> free_baselines([("g0", True, 1.0), ("g0", False, 1.0), ("g0", False, 0.0),
+    ...                 ("g1", True, 0.0)])
+    {'g0': 0.5}
+    """
+    free: dict[Hashable, list[float]] = defaultdict(list)
+    for group, guided, score in episodes:
+        if not guided:
+            free[group].append(float(score))
+    return {group: sum(scores) / len(scores) for group, scores in free.items()}
 
 
 @dataclass
@@ -105,10 +141,11 @@ class CreditLedger:
                 self.forgotten += 1
 
     def credit(self, generation_ids: Iterable[str | None], score: float,
-               critic: float | None = None) -> int:
-        """Credit each distinct known generation with one episode (``episode_credit``, or
-        ``gated_credit`` when the actor-critic gate gave a ``critic`` score); returns how many."""
-        value = episode_credit(score) if critic is None else gated_credit(score, critic)
+               critic: float | None = None, baseline: float | None = None) -> int:
+        """Credit each distinct known generation with one episode (``entry_credit``: relative
+        to ``baseline`` when given, by the actor-critic gate's ``critic`` score when it judged
+        the entries); returns how many."""
+        value = entry_credit(score, critic, baseline)
         credited = 0
         with self._lock:
             for generation_id in set(generation_ids):

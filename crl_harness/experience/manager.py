@@ -361,9 +361,10 @@ class ExperienceManager:
         return request.wait()
 
     def report_outcome(self, entry_ids: Sequence[str], score: float,
-                       critic: float | None = None) -> None:
+                       critic: float | None = None, baseline: float | None = None) -> None:
         """An episode that retrieved ``entry_ids`` ended with ``score``: credit their writers
-        (by the actor-critic gate's ``critic`` score when the gate judged the entries)."""
+        (by the actor-critic gate's ``critic`` score when the gate judged the entries; relative
+        to ``baseline``, its group's free mean score, when given: ``entry_credit``)."""
         generations = []
         with self._entry_generation_lock:
             for entry_id in entry_ids:
@@ -372,7 +373,7 @@ class ExperienceManager:
                 else:
                     entry = self.bank.get(entry_id)
                     generations.append(entry.generation_id if entry else None)
-        self.ledger.credit(generations, score, critic)
+        self.ledger.credit(generations, score, critic, baseline)
         self._count("outcomes_reported")
 
     # ----------------------------------------------------------------- search-and-ask

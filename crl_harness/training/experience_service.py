@@ -143,8 +143,8 @@ class ExperienceService:
         return self.manager.retrieve(env_id, query, k)
 
     def report_outcome(self, entry_ids: list[str], score: float,
-                       critic: float | None = None) -> None:
-        self.manager.report_outcome(entry_ids, score, critic)
+                       critic: float | None = None, baseline: float | None = None) -> None:
+        self.manager.report_outcome(entry_ids, score, critic, baseline)
 
     def ask(self, env_id: str, query: str, k: int = 1) -> AskAnswer:
         return self.manager.ask(env_id, query, k)
