@@ -112,6 +112,12 @@ class HFBackend:
     46 KB a token, so the default 65,536 is 3 GB) and is emptied when the weights change (any
     in-place update of a parameter). ``kv_reuse=False`` prefills every prompt in full.
 
+    Speed: decode steps attend with ``crl_harness.models.attention`` (grouped-query attention on
+    the cache in place; ``attn_implementation="sdpa"`` is transformers' path, which copies the
+    keys and values per step), and loading a backend keeps large blocks in the heap
+    (``crl_harness.models.allocator``). ``dtype="bfloat16"`` runs in bf16 (AVX512-BF16 CPUs, GPUs);
+    an adapter is merged in fp32 first.
+
     Example:
         >>> from crl_harness.models.tiny import build_tiny_model
         >>> import tempfile
@@ -136,11 +142,18 @@ class HFBackend:
         max_context: int | None = None,
         kv_reuse: bool = True,
         kv_cache_tokens: int = 65_536,
+        attn_implementation: str = "grouped_decode",
     ) -> None:
         torch, transformers = _import_torch_transformers()
+        from crl_harness.models.allocator import keep_large_blocks_in_heap
+        from crl_harness.models.attention import GROUPED_DECODE
+
+        keep_large_blocks_in_heap()
         device = _resolve_device(torch, device)
         if dtype == "auto":
             dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        if attn_implementation == "grouped_decode":
+            attn_implementation = GROUPED_DECODE
         path = str(path)
         local = Path(path).expanduser()
         if local.suffix == ".gguf" and gguf_file is None:
@@ -155,13 +168,17 @@ class HFBackend:
             check_model_folder(Path(path).expanduser())
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, **extra)
+            # An adapter is merged into an fp32 base and only then cast: merged in bf16, each
+            # weight would be rounded after adding its update, which is not the trained function.
             self.model = transformers.AutoModelForCausalLM.from_pretrained(
-                path, dtype=getattr(torch, dtype), **extra
+                path, dtype=torch.float32 if adapter is not None else getattr(torch, dtype),
+                attn_implementation=attn_implementation, **extra
             )
             if adapter is not None:
                 from peft import PeftModel
 
                 self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
+                self.model.to(getattr(torch, dtype))
                 # peft froze the base for inference; a merged model is a plain model again, which
                 # the trainer may fine-tune in full
                 self.model.requires_grad_(True)
