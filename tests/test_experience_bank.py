@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -267,3 +268,122 @@ def test_hardening_bank_sanitises_model_text(tmp_path):
         assert bank.import_jsonl(escaped) == 1 and bank.get("x").title == "t\ufffd"
     with ExperienceBank(tmp_path / "bank.sqlite") as reopened:
         assert reopened.get(entry.id).content == "content \U0001f600 \ufffd"
+
+
+# ------------------------------------------------------------------ hardening (issue 34)
+@pytest.fixture
+def mount(tmp_path):
+    """``mount(*args)``: a real file system for the test (root only: a read-only bind, a full
+    tmpfs); the test is skipped where mounting is not allowed. Unmounted afterwards."""
+    points = []
+
+    def mount_(*args: str) -> None:
+        done = subprocess.run(["mount", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"needs a mount (root): {done.stderr.strip()}")
+        points.append(args[-1])
+
+    yield mount_
+    for point in reversed(points):
+        subprocess.run(["umount", "--lazy", point], check=True)
+
+
+def _read_only(folder, mount):
+    """``folder`` seen read-only: a read-only bind mount as root, else the folder unwritable."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return folder
+    view = folder.with_name(f"{folder.name}-ro")
+    view.mkdir()
+    mount("--bind", "-o", "ro", str(folder), str(view))
+    return view
+
+
+def test_hardening_bank_on_a_read_only_file_system_opens_read_only(tmp_path, mount, capsys):
+    from crl_harness.cli import main
+    from crl_harness.experience import BankError
+
+    folder = tmp_path / "shipped"
+    with ExperienceBank(folder / "bank.sqlite") as bank:
+        ids = [bank.add("CRL/Sokoban-v0", f"t{i}", "Push boxes onto targets.").id
+               for i in range(3)]
+    view = _read_only(folder, mount)
+    with ExperienceBank(view / "bank.sqlite", read_only=True) as bank:
+        assert [e.id for e in bank.entries()] == ids
+    with pytest.raises(BankError, match="read-only file system"):
+        ExperienceBank(view / "bank.sqlite")
+    assert main(["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--episodes", "1",
+                 "--experience", str(view / "bank.sqlite"), "--out", str(tmp_path / "out"),
+                 "--no-progress"]) == 0
+    assert sorted(p.name for p in view.iterdir()) == ["bank.sqlite", "bank.sqlite.lock"]
+    folder.chmod(0o755)
+
+
+def test_hardening_bank_on_a_full_disk_says_so_and_keeps_what_it_acknowledged(tmp_path, mount):
+    from crl_harness.experience import ExperienceManager
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount("-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk))
+    bank = ExperienceBank(disk / "bank.sqlite", capacity=1_000)
+    acknowledged = []
+    with pytest.raises(OSError) as full:
+        while True:
+            acknowledged.append(bank.add("CRL/Sokoban-v0", "Boxes", "x" * 4_000).id)
+    assert full.value.errno == errno.ENOSPC and "rolled back" in str(full.value)
+    assert "no transaction is active" not in str(full.value) and len(bank) == len(acknowledged)
+    manager = ExperienceManager(bank)
+    manager.retrieve("CRL/Sokoban-v0", "boxes", 1)  # a retrieval count to write at close
+    filler = disk / "filler"
+    with pytest.raises(OSError, match="No space left"), open(filler, "ab") as handle:
+        while True:  # take back the pages the rolled-back write freed
+            handle.write(b"\0" * 4096)
+            handle.flush()
+    with pytest.raises(OSError, match="No space left"):
+        manager.close()
+    assert not any(thread.is_alive() for thread in manager._threads)  # stopped all the same
+    bank._release()
+    filler.unlink()
+    with ExperienceBank(disk / "bank.sqlite") as reopened:
+        assert [e.id for e in reopened.entries()] == acknowledged
+
+
+def test_hardening_crl_train_on_a_full_disk_is_one_line(tmp_path, mount, capsys):
+    from crl_harness.cli import main
+    from crl_harness.models.tiny import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount("-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk))
+    capsys.readouterr()
+    assert main(["train", "cpu-demo", f"actor.model=hf:{tiny}", f"extractor.model=hf:{tiny}",
+                 "tasks.envs=[{id: CRL/Sokoban-v0, kwargs: {max_episode_steps: 2}}]",
+                 "tasks.groups_per_step=1", "tasks.group_size=2", "tasks.guided_per_group=1",
+                 "actor.max_new_tokens=16", "extractor.max_new_tokens=32", "run.steps=2",
+                 "run.checkpoint_every=1", "run.tensorboard=false", "run.torch_threads=1",
+                 f"run.output_dir={disk / 'run'}", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "crl train: [Errno 28] No space left on device" in err.strip().splitlines()[-1]
+
+
+def test_hardening_bank_with_a_damaged_page_is_one_bank_error(tmp_path, capsys):
+    from crl_harness.cli import main
+    from crl_harness.experience import BankError
+
+    path = tmp_path / "bank.sqlite"
+    with ExperienceBank(path) as bank:
+        bank.apply([AddEntry("CRL/Sokoban-v0", f"t{i}", "push the box " * 20)
+                    for i in range(300)])
+    with open(path, "r+b") as handle:  # 8 KB overwritten in the middle of the entries
+        handle.seek(path.stat().st_size // 2)
+        handle.write(os.urandom(8192))
+    for read_only in (True, False):
+        with pytest.raises(BankError, match="is damaged"):
+            ExperienceBank(path, read_only=read_only)
+    assert main(["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--episodes", "1",
+                 "--experience", str(path), "--out", str(tmp_path / "out"),
+                 "--no-progress"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "is damaged (database disk image is malformed)" in line

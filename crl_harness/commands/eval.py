@@ -151,22 +151,16 @@ class _RetrieveOnly:
     def retrieve(self, env_id: str, query: str, k: int):
         return self._manager.retrieve(env_id, query, k)
 
+    def close(self) -> None:
+        """Stop the manager's threads and close the bank (a mount can then be released)."""
+        self._manager.close()
+        self._manager.bank.close()
+
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from crl_harness.eval import (
-        episode_specs,
-        evaluate,
-        expand_env_ids,
-        parse_seeds,
-        plot_success,
-        render_table,
-        summarize,
-        write_report,
-    )
-    from crl_harness.rollout import RolloutConfig
+    from crl_harness.eval import expand_env_ids, parse_seeds
 
     console = Console()
     if not console.is_terminal:
@@ -185,6 +179,28 @@ def run(args: argparse.Namespace) -> int:
         # Read-only: evaluation leaves the bank as it was, and may run beside its trainer.
         retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(args.experience,
                                                                    read_only=True)))
+    try:
+        return _evaluate(args, console, env_ids, seeds, env_kwargs, retriever)
+    finally:
+        if retriever is not None:
+            retriever.close()
+
+
+def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds: list[int],
+              env_kwargs: dict[str, Any], retriever: _RetrieveOnly | None) -> int:
+    """``crl eval``'s episodes, table, report and chart, once the arguments are checked."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from crl_harness.eval import (
+        episode_specs,
+        evaluate,
+        plot_success,
+        render_table,
+        summarize,
+        write_report,
+    )
+    from crl_harness.rollout import RolloutConfig
+
     specs = episode_specs(env_ids, seeds, use_experience=retriever is not None)
     out = output_dir(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}", "--out")
     results_path = out / "results.jsonl"

@@ -13,6 +13,7 @@ Holds:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -21,7 +22,8 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from urllib.parse import quote
@@ -196,9 +198,12 @@ class ExperienceBank:
         try:
             self._open(synchronous)
             stored = self._stored_capacity()
-            rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM entries ORDER BY seq")
-            for row in rows:
-                self._mirror_add(ExperienceEntry(*row))
+            try:
+                rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM entries ORDER BY seq")
+                for row in rows:
+                    self._mirror_add(ExperienceEntry(*row))
+            except sqlite3.DatabaseError as err:  # "database disk image is malformed"
+                raise _bank_error(Path(self.path), err) from err
             self.capacity = self._resolve_capacity(capacity, stored, evict)
             if not read_only:
                 if self.capacity != stored:
@@ -223,26 +228,39 @@ class ExperienceBank:
         if self.read_only or path.exists():
             _check_is_bank(path, must_exist=self.read_only)
         if self.read_only:
-            self._db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True,
-                                       check_same_thread=False, isolation_level=None,
-                                       timeout=_BUSY_TIMEOUT_S)
+            self._db = sqlite3.connect(_read_only_uri(path), uri=True, check_same_thread=False,
+                                       isolation_level=None, timeout=_BUSY_TIMEOUT_S)
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_file = _writer_lock(path)
-        # isolation_level=None: autocommit; every write opens its own BEGIN IMMEDIATE.
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                   timeout=_BUSY_TIMEOUT_S)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous}")
-        self._db.execute("BEGIN IMMEDIATE")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_file = _writer_lock(path)
+            # isolation_level=None: autocommit; every write opens its own BEGIN IMMEDIATE.
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                       timeout=_BUSY_TIMEOUT_S)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+        except (OSError, sqlite3.DatabaseError) as err:
+            raise _bank_error(path, err) from err
+        with self._transaction():
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 self._db.execute(statement)
             self._db.execute("INSERT OR IGNORE INTO bank_meta (key, value) VALUES ('format', ?)",
                              (_FORMAT,))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction. On an error it is rolled back unless SQLite already did (a
+        full disk ends it: a second ROLLBACK would raise "no transaction is active" and hide
+        why), and SQLite's errors become ones that say what happened (``_bank_error``)."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            yield
             self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
+        except BaseException as err:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if isinstance(err, sqlite3.DatabaseError):
+                raise _bank_error(Path(self.path), err) from err
             raise
 
     def _stored_capacity(self) -> int | None:
@@ -271,8 +289,9 @@ class ExperienceBank:
         return asked
 
     def _store_capacity(self, capacity: int) -> None:
-        self._db.execute("INSERT OR REPLACE INTO bank_meta (key, value) VALUES ('capacity', ?)",
-                         (str(capacity),))
+        with self._transaction():
+            self._db.execute("INSERT OR REPLACE INTO bank_meta (key, value) VALUES "
+                             "('capacity', ?)", (str(capacity),))
 
     def _release(self) -> None:
         if self._db is not None:
@@ -339,8 +358,7 @@ class ExperienceBank:
             added: list[ExperienceEntry] = []
             votes: dict[str, int] = {}
             cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction():
                 for change in changes:
                     if isinstance(change, AddEntry):
                         entry = ExperienceEntry(
@@ -382,10 +400,6 @@ class ExperienceBank:
                     cur.executemany("DELETE FROM entries WHERE id = ?",
                                     [(i,) for i in result.evicted])
                     gone.update(result.evicted)
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
             # Committed: now the mirror follows.
             for entry in added:
                 self._mirror_add(entry)
@@ -422,11 +436,9 @@ class ExperienceBank:
                     for i in self._stats_dirty if i in self._entries]
             self._stats_dirty.clear()
             if rows:
-                self._db.execute("BEGIN IMMEDIATE")
-                self._db.executemany(
-                    "UPDATE entries SET retrieval_count = ?, last_retrieved_at = ? WHERE id = ?",
-                    rows)
-                self._db.execute("COMMIT")
+                with self._transaction():
+                    self._db.executemany("UPDATE entries SET retrieval_count = ?, "
+                                         "last_retrieved_at = ? WHERE id = ?", rows)
         return len(rows)
 
     # ----------------------------------------------------------------- JSONL
@@ -472,15 +484,10 @@ class ExperienceBank:
                     f"{path} holds {len(fresh)} new entries; with the {len(self._entries)} in "
                     f"{self.path} that is more than its capacity {self.capacity}. Raise the "
                     "capacity (experience.capacity) to keep them all.")
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction():
                 self._db.executemany(
                     f"INSERT OR IGNORE INTO entries ({', '.join(_COLUMNS)}) VALUES "
                     f"({', '.join('?' * len(_COLUMNS))})", [_row(e) for e in fresh])
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
             for entry in fresh:
                 self._mirror_add(entry)
         if len(self._entries) > self.capacity:
@@ -538,9 +545,8 @@ class ExperienceBank:
         if overflow <= 0:
             return
         victims = list(self._entries)[:overflow]
-        self._db.execute("BEGIN IMMEDIATE")
-        self._db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in victims])
-        self._db.execute("COMMIT")
+        with self._transaction():
+            self._db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in victims])
         for entry_id in victims:
             self._mirror_remove(entry_id)
         self.evictions += len(victims)
@@ -598,7 +604,7 @@ def _check_is_bank(path: Path, must_exist: bool) -> None:
         return
     not_a_bank = f"{path} is not an experience bank"
     try:
-        probe = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
+        probe = sqlite3.connect(_read_only_uri(path), uri=True)
     except sqlite3.Error as err:
         raise BankError(f"Cannot open {path} ({err}).") from err
     try:
@@ -620,6 +626,37 @@ def _check_is_bank(path: Path, must_exist: bool) -> None:
                         "left untouched. Give the path of a bank.sqlite or a new file.")
     if version not in (None, _FORMAT):
         raise BankError(f"{path} is a bank of format {version!r}; this version reads {_FORMAT!r}.")
+
+
+def _read_only_uri(path: Path) -> str:
+    """The URI that opens ``path`` read-only. Reading a WAL bank needs its ``-shm`` file, which
+    SQLite creates beside it: where the folder cannot be written (a read-only file system, a
+    shipped bank, a colleague's run folder) and no writer has one open, the file is opened
+    immutable, which needs none (and nothing can change it there)."""
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    if not Path(f"{path}-shm").exists() and not os.access(path.parent, os.W_OK):
+        uri += "&immutable=1"
+    return uri
+
+
+def _bank_error(path: Path, err: OSError | sqlite3.DatabaseError) -> Exception:
+    """What a failed read or write of the bank at ``path`` says: a full disk is an ``OSError``
+    (ENOSPC: the commands' one line, status 1); a read-only file or folder and a damaged file
+    are a ``BankError``; other errors stay as they are."""
+    code = getattr(err, "sqlite_errorname", "") or ""
+    if code == "SQLITE_FULL" or getattr(err, "errno", None) == errno.ENOSPC:
+        return OSError(errno.ENOSPC, "No space left on device: the experience bank's last write "
+                       "was rolled back (what it acknowledged before is kept); free some space",
+                       str(path))
+    if code.startswith("SQLITE_READONLY") or getattr(err, "errno", None) in (errno.EROFS,
+                                                                             errno.EACCES):
+        return BankError(f"Cannot write the experience bank {path}: read-only file system or "
+                         "folder. Open it read-only (crl eval --experience does), or copy it to "
+                         "a folder you can write.")
+    if code in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+        return BankError(f"The experience bank {path} is damaged ({err}); restore it from a copy "
+                         "or a checkpoint's bank.jsonl.")
+    return err
 
 
 def _writer_lock(path: Path):

@@ -52,6 +52,7 @@ from crl_harness.experience.bank import (
     AddEntry,
     ApplyResult,
     BankChange,
+    BankError,
     DeleteEntries,
     ExperienceBank,
     ExperienceEntry,
@@ -498,12 +499,18 @@ class ExperienceManager:
         """
         if self._closed:
             return
-        if flush:
-            self.flush(timeout)
+        try:
+            if flush:
+                self.flush(timeout)  # may raise (a full disk): the threads are stopped anyway
+        finally:
+            self._stop_threads(drop_queued=not flush)
+        self.bank.sync_retrieval_stats()
+
+    def _stop_threads(self, drop_queued: bool) -> None:
         with self._state:
             self._closed = True
             self._state.notify_all()
-        if not flush:
+        if drop_queued:
             self._drop_queued_jobs()
         for _ in range(self.config.max_concurrent_extractions):
             self._jobs.put(None)
@@ -518,7 +525,6 @@ class ExperienceManager:
                 break
             if late is not None:
                 late.answer(error=RuntimeError("ExperienceManager closed."))
-        self.bank.sync_retrieval_stats()
 
     def __enter__(self) -> ExperienceManager:
         return self
@@ -557,6 +563,9 @@ class ExperienceManager:
                     self._distill(job[1])
                 else:
                     self._merge(job[1], job[2])
+            except (OSError, BankError) as err:  # a full disk, a read-only file: said in a line
+                log.error("experience job %s failed: %s", job[0], err)
+                self._count("job_errors")
             except Exception:  # a bug in one job must not stop the background track
                 log.exception("experience job %s failed", job[0])
                 self._count("job_errors")

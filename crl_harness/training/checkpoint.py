@@ -12,6 +12,7 @@ its own run's checkpoints.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -60,6 +61,11 @@ def checkpoint_run_id(checkpoint: str | os.PathLike) -> str | None:
         return str(json.loads((Path(checkpoint) / OWNER_FILE).read_text())["run_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+_FULL_DISK_BYTES = 1 << 20
+"""free space under which a failed checkpoint write is taken for a full disk (the write that
+failed filled what was left)"""
 
 
 class Checkpointer:
@@ -116,8 +122,17 @@ class Checkpointer:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(tmp, final)
-        except BaseException:
+        except BaseException as err:
+            # torch's write errors on a full disk are not OSErrors and do not say so ("unexpected
+            # pos 396544 vs 396496", "iostream error"): the disk is asked before the partial
+            # checkpoint frees its space
+            full = isinstance(err, Exception) and not isinstance(err, OSError) \
+                and shutil.disk_usage(self.root).free < _FULL_DISK_BYTES
             shutil.rmtree(tmp, ignore_errors=True)
+            if full:
+                raise OSError(errno.ENOSPC, f"No space left on device: checkpoint {final.name} "
+                              "was not written (the earlier ones are kept)", str(self.root)) \
+                    from err
             raise
         dir_fd = os.open(self.root, os.O_RDONLY)
         try:
