@@ -178,3 +178,29 @@ def smollm2_or_skip() -> HFBackend:
         return load_backend("hf:smollm2-135m")
     except ModelNotFoundError as err:
         pytest.skip(str(err))
+
+
+@pytest.mark.parametrize("write", ["vector_to_parameters", "data_add", "data_assign"])
+def test_hardening_weights_written_through_data_are_synced_by_clear_prefix_cache(tiny_dir,
+                                                                                  write):
+    """Writes through ``.data`` bump no version counter, so the backend cannot see them: the
+    weight-sync contract is ``clear_prefix_cache()`` after one (HFBackend's docstring)."""
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    backend = HFBackend(tiny_dir, dtype="float32")
+    play_turns(backend, episodes=2, turns=1)
+    params = list(backend.model.parameters())
+    versions = [p._version for p in params]
+    if write == "vector_to_parameters":
+        vector = parameters_to_vector(params).detach()
+        vector_to_parameters(vector + 0.05 * torch.randn_like(vector), params)
+    for p in params if write != "vector_to_parameters" else ():
+        if write == "data_add":
+            p.data.add_(0.05 * torch.randn_like(p))
+        else:
+            p.data = p.data + 0.05 * torch.randn_like(p)
+    assert [p._version for p in params] == versions  # invisible to the backend
+    backend.clear_prefix_cache()
+    assert len(backend.prefix_store) == 0
+    for g in play_turns(backend, episodes=2, turns=2, seed=9):
+        assert g.logprobs == pytest.approx(teacher_forced(backend, g), abs=1e-4)

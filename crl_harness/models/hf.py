@@ -109,8 +109,12 @@ class HFBackend:
     prompts of one batch share (a system prompt, a GRPO group) are computed once. A prompt that
     changed other than by appending reuses its longest stored common prefix. The store holds at
     most ``kv_cache_tokens`` tokens (least recently used evicted; SmolLM2-135M in fp32 takes
-    46 KB a token, so the default 65,536 is 3 GB) and is emptied when the weights change (any
-    in-place update of a parameter). ``kv_reuse=False`` prefills every prompt in full.
+    46 KB a token, so the default 65,536 is 3 GB) and is emptied when the weights change: by
+    any update autograd sees (an optimiser step, ``load_state_dict``, ``p.copy_`` under
+    ``no_grad``). Weight sync contract: a write through ``.data`` (``vector_to_parameters``,
+    ``p.data = ...``, ``p.data.add_()``) is invisible to it, so the writer calls
+    ``clear_prefix_cache()`` after one (``load_weights`` does). ``kv_reuse=False`` prefills every
+    prompt in full.
 
     Speed: decode steps attend with ``crl_harness.models.attention`` (grouped-query attention on
     the cache in place; ``attn_implementation="sdpa"`` is transformers' path, which copies the
@@ -295,7 +299,9 @@ class HFBackend:
 
     # ----------------------------------------------------------------- KV reuse
     def clear_prefix_cache(self) -> None:
-        """Forget every stored prefix (the next prompts are prefilled in full)."""
+        """Forget every stored prefix (the next prompts are prefilled in full). Part of the
+        weight sync: call it after writing weights through ``.data``, which no version counter
+        records (stale keys and values would be reused otherwise)."""
         if self.prefix_store is not None:
             self.prefix_store.clear()
 
