@@ -67,7 +67,8 @@ def lessons(env_id: str, seeds: list[int], play: dict) -> dict[int, object]:
 
 def hit_rate(cfg, seeds: list[int], routes: dict, query: str, rerank: bool,
              episodes: int) -> tuple[int, int]:
-    """Guided episodes (of levels that have a lesson) that retrieved their own level's lesson."""
+    """Guided episodes (of levels that have a lesson) that retrieved their own level's lesson,
+    with the released re-rank (``rerank``) or none."""
     from dataclasses import replace
 
     from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
@@ -76,10 +77,11 @@ def hit_rate(cfg, seeds: list[int], routes: dict, query: str, rerank: bool,
     from crl_harness.training.sampler import TaskSampler
 
     e = cfg.experience
-    retrieval = RetrievalConfig(backend=e.retrieval, candidates=e.candidates,
-                                count_penalty=e.count_penalty if rerank else 0.0,
-                                demotion_prob=e.demotion_prob if rerank else 0.0,
-                                recency_window_s=e.recency_window_s)
+    released = RetrievalConfig()  # the re-rank's released settings, whatever the config says
+    retrieval = RetrievalConfig(backend=e.retrieval, candidates=released.candidates,
+                                count_penalty=released.count_penalty if rerank else 0.0,
+                                demotion_prob=released.demotion_prob if rerank else 0.0,
+                                recency_window_s=released.recency_window_s)
     entry = cfg.tasks.envs[0]
     bank = ExperienceBank(":memory:")
     for seed, lesson in routes.items():
