@@ -91,7 +91,13 @@ def sample_next_token(logits: Any, temperature: float, top_p: float, generator: 
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     logps = torch.log_softmax(logits, dim=-1)
-    tokens = torch.multinomial(logps.exp(), num_samples=1, generator=generator)[:, 0]
+    # Inverse-CDF sampling: one uniform number per row. torch.multinomial draws a random number
+    # per vocabulary entry on a CPU (23 ms for 32 rows x 49k, a fifth of a decode step).
+    cdf = logps.exp().cumsum(dim=-1)
+    uniform = torch.rand((logits.shape[0], 1), generator=generator, device=logits.device)
+    # side="right": the first token whose cumulative mass exceeds the draw, never one of mass 0
+    tokens = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True)[:, 0]
+    tokens = tokens.clamp_(max=logits.shape[-1] - 1)
     return tokens, logps.gather(-1, tokens[:, None])[:, 0]
 
 
@@ -360,6 +366,24 @@ class HFBackend:
             self._decode(prefixes, 0, 1.0, 1.0, None, shared=True)
 
     # ----------------------------------------------------------------- decoding
+    @staticmethod
+    def _prefill_runs(counts: list[int]) -> list[tuple[int, int]]:
+        """Split ascending new-token ``counts`` into runs ``[first, end)`` prefilled together:
+        a run grows while its longest row pads its shortest by at most a quarter (plus 16
+        tokens), so padding stays small at the price of a forward pass per run.
+
+        >>> HFBackend._prefill_runs([40, 42, 45, 120, 130, 350])
+        [(0, 3), (3, 5), (5, 6)]
+        """
+        runs: list[tuple[int, int]] = []
+        first = 0
+        for i, count in enumerate(counts):
+            if count > 1.25 * counts[first] + 16:
+                runs.append((first, i))
+                first = i
+        runs.append((first, len(counts)))
+        return runs
+
     def _ends_with_stop(self, tokens: list[int], stop: tuple[str, ...]) -> bool:
         """Whether the answer's text now contains a stop string. Only the tail is decoded: a stop
         string first appears with the latest token, within its length in tokens (each token
@@ -375,7 +399,9 @@ class HFBackend:
 
         The batch cache is one slab: row r holds its reused prefix right-aligned in columns
         ``[C - reuse_r, C)``, its new prompt tokens right-aligned in ``[C, C + S)``, then its
-        answer; the attention mask hides the unused columns between them. ``max_new_tokens=0``
+        answer; the attention mask hides the unused columns between them. Rows are ordered by
+        how many new tokens they bring and prefilled in runs of similar counts (``_prefill_runs``),
+        so that one long newcomer does not pad every row to its length. ``max_new_tokens=0``
         only prefills and stores (shared prefixes).
         """
         import torch
@@ -385,37 +411,37 @@ class HFBackend:
         store, layout = self.prefix_store, self.kv_layout
         found = [store.lookup(p) if store is not None else (None, 0) for p in prompts]
         reuse = [min(n, len(p) - 1) for (_, n), p in zip(found, prompts, strict=True)]
-        C = max(reuse)
-        S = max(len(p) - n for p, n in zip(prompts, reuse, strict=True))
-        B = len(prompts)
+        new = [len(p) - n for p, n in zip(prompts, reuse, strict=True)]
+        by_new = sorted(range(len(prompts)), key=lambda i: new[i])  # batch row -> prompt index
+        C, S, B = max(reuse), max(new), len(prompts)
         slab = torch.empty((layout.layers, 2, B, layout.kv_heads, C + S + max(max_new_tokens - 1, 0),
                             layout.head_dim), dtype=self.model.dtype, device=self.device)
         input_ids = torch.full((B, S), self.pad_id, dtype=torch.long)
         attention = torch.zeros((B, C + S), dtype=torch.long)
         positions = torch.zeros((B, S), dtype=torch.long)
-        prefix_columns = []
-        for row, (prompt, (entry, _), n) in enumerate(zip(prompts, found, reuse, strict=True)):
+        prefix_columns: dict[int, torch.Tensor] = {}
+        for row, index in enumerate(by_new):
+            prompt, entry, n, s = prompts[index], found[index][0], reuse[index], new[index]
             # Masked columns must hold finite numbers: a masked key gets weight 0, and 0 * NaN
             # from uninitialised memory would still be NaN.
             slab[:, :, row, :, : C - n] = 0
             if n:
                 slab[:, :, row, :, C - n : C] = entry.kv[:, :, :, :n]
-            s = len(prompt) - n
             input_ids[row, S - s :] = torch.tensor(prompt[n:], dtype=torch.long)
             positions[row, S - s :] = torch.arange(n, len(prompt))
             attention[row, C - n : C] = 1
             attention[row, C + S - s :] = 1
-            prefix_columns.append(torch.cat([torch.arange(C - n, C), torch.arange(C + S - s, C + S)]))
+            prefix_columns[index] = torch.cat([torch.arange(C - n, C),
+                                               torch.arange(C + S - s, C + S)])
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = positions.to(self.device)
-        self.cache_stats["prefilled_tokens"] += sum(len(p) - n for p, n in zip(prompts, reuse, strict=True))
+        self.cache_stats["prefilled_tokens"] += sum(new)
         self.cache_stats["reused_tokens"] += sum(reuse)
 
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finish = [LENGTH] * len(prompts)
-        live = list(range(len(prompts)))  # batch row -> index into prompts
-        cache = SlabCache(slab, C)
+        live = list(by_new)  # batch row -> index into prompts
 
         def store_row(row: int, index: int) -> None:
             # What was fed through the model: the prompt and every sampled token but the last.
@@ -428,12 +454,21 @@ class HFBackend:
                       shared=shared, replaces=found[index][0])
 
         with torch.inference_mode():
-            out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-            next_positions = torch.tensor([len(p) for p in prompts], device=self.device)
+            last_logits = []
+            for first, end in self._prefill_runs([new[i] for i in by_new]):
+                width = new[by_new[end - 1]]  # the run's longest: its tokens start at C + S - width
+                slab[:, :, first:end, :, C : C + S - width] = 0  # columns no row of the run uses
+                out = self.model(input_ids=input_ids[first:end, S - width:],
+                                 attention_mask=attention[first:end],
+                                 position_ids=positions[first:end, S - width:],
+                                 past_key_values=SlabCache(slab[:, :, first:end], C + S - width),
+                                 use_cache=True, logits_to_keep=1)
+                last_logits.append(out.logits[:, -1, :])
+            logits = torch.cat(last_logits)
+            cache = SlabCache(slab, C + S)
+            next_positions = torch.tensor([len(prompts[i]) for i in live], device=self.device)
             for step in range(max_new_tokens):
-                chosen, chosen_logps = sample_next_token(out.logits[:, -1, :], temperature, top_p,
-                                                         generator)
+                chosen, chosen_logps = sample_next_token(logits, temperature, top_p, generator)
                 keep = []
                 for row, (token, logp) in enumerate(zip(chosen.tolist(), chosen_logps.tolist(),
                                                         strict=True)):
@@ -449,14 +484,15 @@ class HFBackend:
                 if len(keep) < len(live):
                     for row in sorted(set(range(len(live))) - set(keep)):
                         store_row(row, live[row])
-                    rows = torch.tensor(keep, device=self.device)
-                    cache.select_rows(rows)
+                    order = cache.keep_rows(keep)
+                    rows = torch.tensor(order, device=self.device)
                     attention, chosen, next_positions = attention[rows], chosen[rows], next_positions[rows]
-                    live = [live[row] for row in keep]
+                    live = [live[row] for row in order]
                 attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=-1)
                 out = self.model(input_ids=chosen[:, None], attention_mask=attention,
                                  position_ids=next_positions[:, None], past_key_values=cache,
                                  use_cache=True)
+                logits = out.logits[:, -1, :]
                 next_positions = next_positions + 1
             for row, index in enumerate(live):
                 store_row(row, index)
