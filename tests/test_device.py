@@ -275,3 +275,6 @@ def test_one_trainer_step_in_bf16_changes_the_weights(tiny, tmp_path, device, al
     metrics = trainer.train()
     assert metrics["grad_norm/actor"] > 0.0
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # bf16 rollouts: the learner recomputes the old log-probs and the metrics report its gap to
+    # the sampler's
+    assert metrics["actor/logprob_gap_max"] >= metrics["actor/logprob_gap_mean"] > 0.0

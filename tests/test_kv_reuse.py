@@ -204,3 +204,116 @@ def test_hardening_weights_written_through_data_are_synced_by_clear_prefix_cache
     assert len(backend.prefix_store) == 0
     for g in play_turns(backend, episodes=2, turns=2, seed=9):
         assert g.logprobs == pytest.approx(teacher_forced(backend, g), abs=1e-4)
+
+
+# ------------------------------------------------------------------ decode speed (issue 31)
+def greedy_turns(backend: HFBackend, episodes: int = 6, turns: int = 3) -> list[Generation]:
+    """``play_turns`` with greedy replies (what an old/new path comparison can pin down)."""
+    chats = [[{"role": "system", "content": SYSTEM},
+              {"role": "user", "content": f"Level {i}: the goal is {i + 1} east." + " far" * (9 * i)}]
+             for i in range(episodes)]  # new-token counts from ~15 to ~60: several prefill runs
+    out = []
+    for turn in range(turns):
+        generations = backend.generate(chats, max_new_tokens=12, temperature=0.0)
+        out.extend(generations)
+        for chat, g in zip(chats, generations, strict=True):
+            chat += [{"role": "assistant", "content": g.text},
+                     {"role": "user", "content": f"turn {turn}: a wall is north." * (turn + 1)}]
+    return out
+
+
+def test_grouped_decode_gives_the_sdpa_paths_greedy_tokens(tiny_dir):
+    """The grouped decode attention (the tiny model has 2 query heads per KV head) against
+    transformers' SDPA path with the keys repeated: the same greedy tokens, turn after turn."""
+    new = greedy_turns(HFBackend(tiny_dir, dtype="float32"))
+    old = greedy_turns(HFBackend(tiny_dir, dtype="float32", attn_implementation="sdpa"))
+    assert [g.token_ids for g in new] == [g.token_ids for g in old]
+    for a, b in zip(new, old, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_prefill_runs_and_finished_rows_keep_logprobs_exact(tiny_dir, monkeypatch):
+    """A batch whose rows bring very different numbers of new tokens is prefilled in several
+    runs, and rows that finish early leave the slab by a row move: sampled log-probs still equal
+    teacher forcing, with and without reuse."""
+    for kv_reuse in (True, False):
+        backend = HFBackend(tiny_dir, dtype="float32", kv_reuse=kv_reuse)
+        widths = []
+        forward = backend.model.forward
+
+        def counting(*args, _forward=forward, _widths=widths, **kwargs):
+            _widths.append(kwargs["input_ids"].shape[1])
+            return _forward(*args, **kwargs)
+
+        monkeypatch.setattr(backend.model, "forward", counting)
+        chats = [[{"role": "user", "content": "go" + " east" * (40 * i)}] for i in range(5)]
+        # a stop string that random text meets soon, at a different step in each row
+        generations = backend.generate(chats, max_new_tokens=24, temperature=1.0, seed=1,
+                                       stop=("e",))
+        assert len([w for w in widths if w > 1]) >= 3  # one prefill run per length class
+        assert len({len(g.token_ids) for g in generations}) > 1  # rows finished apart
+        for g in generations:
+            assert g.logprobs == pytest.approx(teacher_forced(backend, g), abs=1e-4)
+
+
+def test_adapter_is_merged_in_fp32_before_a_bf16_cast(tiny_dir, tmp_path):
+    """A bf16 load of an adapter is the fp32 merge rounded once, not a merge in bf16."""
+    from peft import LoraConfig, get_peft_model
+
+    model = HFBackend(tiny_dir, dtype="float32").model
+    adapter = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                               init_lora_weights=False))
+    adapter.save_pretrained(tmp_path / "adapter")
+    fp32 = HFBackend(tmp_path / "adapter", dtype="float32").model.state_dict()
+    bf16 = HFBackend(tmp_path / "adapter", dtype="bfloat16").model.state_dict()
+    for key, weight in bf16.items():
+        assert weight.dtype == torch.bfloat16
+        assert torch.equal(weight, fp32[key].to(torch.bfloat16)), key
+
+
+@pytest.mark.slow
+def test_smollm2_grouped_decode_gives_the_sdpa_paths_greedy_tokens():
+    new = smollm2_or_skip()
+    old = HFBackend(new.name.removeprefix("hf:"), dtype="float32", attn_implementation="sdpa")
+    a, b = greedy_turns(new, episodes=4, turns=2), greedy_turns(old, episodes=4, turns=2)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+
+ALLOCATION = """
+import ctypes, sys, torch
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
+                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+from crl_harness.models import HFBackend
+from crl_harness.models.tiny import build_tiny_model
+HFBackend(build_tiny_model(sys.argv[1]))
+before = libc.mallinfo2().hblks  # blocks mmapped while loading, before the setting
+blocks = [torch.empty(25_000_000) for _ in range(4)]  # 100 MB each
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+def test_loading_a_backend_keeps_large_blocks_out_of_mmap(tmp_path):
+    """After a backend loads, 100 MB tensors come from the heap (no mmapped block, so no page
+    faults each time one is freed and made again); ``CRL_MALLOC=system`` keeps glibc's way."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("the allocator setting is glibc's")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+
+    def mmapped_blocks(**extra: str) -> int:
+        done = subprocess.run([sys.executable, "-c", ALLOCATION, str(tmp_path / "m")],
+                              env={**env, **extra}, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.split()[-1])
+
+    assert mmapped_blocks() == 0
+    assert mmapped_blocks(CRL_MALLOC="system") >= 4

@@ -74,3 +74,58 @@ def test_vllm_weight_reload_changes_outputs_to_those_of_the_new_weights(models):
     engine.load_weights(original)  # a second reload (training reloads every step) goes back
     assert [g.token_ids for g in engine.generate(CHATS, max_new_tokens=6, temperature=0.0)] == \
         [g.token_ids for g in before]
+
+
+def test_vllm_seeded_sampling_repeats_on_long_batches(models):
+    """Prompts long enough for chunked prefill: on a CPU, per-request generators fail there
+    ("CPU Generator does not use offset"), so a CPU engine seeds the call instead."""
+    engine, _ = models
+    words = " ".join(f"cell{i} wall" for i in range(80))  # ~780 tokens of the tiny tokenizer
+    chats = [[{"role": "system", "content": words}, {"role": "user", "content": f"level {i}"}]
+             for i in range(16)]
+    outside = torch.get_rng_state()
+    first = engine.generate(chats, max_new_tokens=8, temperature=1.0, top_p=0.9, seed=3)
+    again = engine.generate(chats, max_new_tokens=8, temperature=1.0, top_p=0.9, seed=3)
+    other = engine.generate(chats, max_new_tokens=8, temperature=1.0, top_p=0.9, seed=4)
+    assert [g.token_ids for g in again] == [g.token_ids for g in first]
+    assert [g.token_ids for g in other] != [g.token_ids for g in first]
+    assert torch.equal(torch.get_rng_state(), outside)  # the caller's generator is left alone
+
+
+def test_vllm_merges_an_adapter_and_starts_after_the_bank_was_imported(tmp_path):
+    """A LoRA adapter folder (a warm start) is merged into its base for vLLM, and the engine
+    starts in a process that imported the experience bank (bm25s once pulled in Numba, whose
+    llvmlite wrappers broke vLLM's start-up scan of modules)."""
+    import subprocess
+    import sys
+
+    from peft import LoraConfig, get_peft_model
+
+    from crl_harness.models import HFBackend
+    from crl_harness.models.tiny import build_tiny_model
+
+    base = build_tiny_model(tmp_path / "base")
+    model = HFBackend(base).model
+    adapter = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                               init_lora_weights=False))
+    adapter.save_pretrained(tmp_path / "adapter")
+    config = tmp_path / "adapter" / "adapter_config.json"
+    config.write_text(config.read_text().replace(
+        '"base_model_name_or_path": null', f'"base_model_name_or_path": "{base}"'))
+    code = (
+        "import sys, json\n"
+        "import crl_harness.experience, crl_harness.rollout  # the bank and the engine first\n"
+        "from crl_harness.models import HFBackend\n"
+        "from crl_harness.models.vllm import VLLMBackend\n"
+        f"chats = {CHATS!r}\n"
+        "engine = VLLMBackend(sys.argv[1], dtype='float32', max_context=512, kv_cache_gib=1)\n"
+        "hf = HFBackend(sys.argv[1])\n"
+        "print(json.dumps([[g.token_ids for g in b.generate(chats, max_new_tokens=4, "
+        "temperature=0.0)] for b in (engine, hf)]))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "adapter")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    vllm_tokens, hf_tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [t[:2] for t in vllm_tokens] == [t[:2] for t in hf_tokens]

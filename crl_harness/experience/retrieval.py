@@ -19,11 +19,14 @@ dense product of their term counts with the matrix's rows for the terms they use
 queries (64 episodes that reset together) costs a few milliseconds, not one bm25s call each.
 ``benchmarks/experience_bench.py`` prints all of these.
 
-Why bm25s is imported with JAX hidden: where JAX is installed, ``import bm25s`` imports it and runs
-one ``jax.lax.top_k`` to pick its top-k backend, which starts a JAX client on the GPU and
-preallocates 75% of its memory in every process (a trainer, each pytest worker). This module
-scores and ranks with NumPy and SciPy (``_top_many``), so it never needs JAX; the user's own
-``import jax`` afterwards is untouched.
+Why bm25s is imported with JAX and Numba hidden: where JAX is installed, ``import bm25s`` imports it
+and runs one ``jax.lax.top_k`` to pick its top-k backend, which starts a JAX client on the GPU and
+preallocates 75% of its memory in every process (a trainer, each pytest worker); where Numba is
+installed (vLLM brings it), bm25s imports it, and llvmlite's function wrappers then make vLLM's
+start-up scan of loaded modules fail (``'_lib_fn_wrapper' object has no attribute 'get'``), so no
+vLLM engine could start in a process that had imported the bank. This module scores and ranks with
+NumPy and SciPy (``_top_many``), so it needs neither; the user's own ``import jax`` or ``import
+numba`` afterwards is untouched.
 """
 
 from __future__ import annotations
@@ -46,22 +49,25 @@ import Stemmer
 from crl_harness.experience.bank import ExperienceEntry
 
 
-def _import_bm25s_without_jax():
-    """``import bm25s`` with every ``jax`` module hidden, so that its top-k backend is NumPy and no
-    JAX client (nor GPU memory) is taken; JAX modules already imported are put back after."""
+def _import_bm25s_without_jax_or_numba():
+    """``import bm25s`` with every ``jax`` and ``numba`` module hidden, so that its backends are
+    NumPy's; modules of theirs already imported are put back after."""
+    roots = ("jax", "numba")
     hidden = {name: module for name, module in sys.modules.items()
-              if name == "jax" or name.startswith("jax.")}
+              if name.split(".")[0] in roots}
     for name in hidden:
         del sys.modules[name]
-    sys.modules["jax"] = None  # type: ignore[assignment]  # makes `import jax...` an ImportError
+    for root in roots:
+        sys.modules[root] = None  # type: ignore[assignment]  # `import jax...`: an ImportError
     try:
         return importlib.import_module("bm25s")
     finally:
-        del sys.modules["jax"]
+        for root in roots:
+            del sys.modules[root]
         sys.modules.update(hidden)
 
 
-bm25s = _import_bm25s_without_jax()
+bm25s = _import_bm25s_without_jax_or_numba()
 STOPWORDS_EN = bm25s.stopwords.STOPWORDS_EN
 
 __all__ = [

@@ -39,7 +39,8 @@ def vllm_available() -> bool:
 class VLLMBackend:
     """A vLLM engine behind the ``ModelBackend`` protocol.
 
-    ``path`` is a local transformers checkpoint (short names are resolved by ``load_backend``).
+    ``path`` is a local transformers checkpoint (short names are resolved by ``load_backend``) or
+    a LoRA adapter folder, which is merged into its base first.
     ``engine_args`` go to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``tensor_parallel_size``).
     On CPU the KV cache size comes from ``$VLLM_CPU_KVCACHE_SPACE`` (GiB), set to ``kv_cache_gib``
     unless the environment already sets it.
@@ -57,6 +58,9 @@ class VLLMBackend:
                 f"vllm:{path}: no such local checkpoint; give a model directory or a short name "
                 "such as smollm2-135m."
             )
+        self._merged = None
+        if (Path(path).expanduser() / "adapter_config.json").is_file():
+            path = self._merge_adapter(Path(path).expanduser())
         # In-process engine: load_weights hands the tensors to the worker without serialising them.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -65,9 +69,26 @@ class VLLMBackend:
         self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_context, seed=seed,
                        logprobs_mode="processed_logprobs", enforce_eager=True, **engine_args)
         self.tokenizer = self.llm.get_tokenizer()
+        from vllm.platforms import current_platform
+
+        self._on_cpu = current_platform.is_cpu()
         self.name = f"vllm:{path}"
         self.max_context = max_context
         self.stop_ids = stop_token_ids(self.tokenizer)
+
+    def _merge_adapter(self, adapter: Path) -> str:
+        """A LoRA adapter (e.g. a warm start) merged into its base, in fp32, as a plain checkpoint
+        in a temporary folder that ``close`` removes: vLLM loads checkpoints, not adapters."""
+        import tempfile
+
+        from crl_harness.models.hf import HFBackend
+
+        merged = HFBackend(adapter, dtype="float32", kv_reuse=False, device="cpu")
+        self._merged = tempfile.TemporaryDirectory(prefix="crl-merged-")
+        merged.model.save_pretrained(self._merged.name)
+        merged.tokenizer.save_pretrained(self._merged.name)
+        merged.close()
+        return self._merged.name
 
     def count_tokens(self, messages: list[Message]) -> int:
         return len(encode_chat(self.tokenizer, messages))
@@ -79,15 +100,31 @@ class VLLMBackend:
         from vllm.inputs import TokensPrompt
 
         prompt_ids = [encode_chat(self.tokenizer, messages) for messages in prompts]
+        per_request = seed is not None and not self._on_cpu
         params = [
             SamplingParams(max_tokens=max_new_tokens, temperature=max(temperature, 0.0),
                            top_p=top_p, logprobs=0, stop_token_ids=sorted(self.stop_ids),
                            stop=list(stop) or None, include_stop_str_in_output=True,
-                           seed=None if seed is None else seed + index)
+                           seed=seed + index if per_request else None)
             for index in range(len(prompts))
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
-                                    params, use_tqdm=False)
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+        if seed is None or per_request:
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        else:
+            # On a CPU, a request's own generator fails once vLLM rewinds it after a chunked
+            # prefill step ("CPU Generator does not use offset"), so the call is seeded instead:
+            # the in-process engine samples from torch's global generator, seeded here and put
+            # back after (the same prompts and seed give the same tokens; a prompt's tokens
+            # depend on the rest of its batch, which per-request seeds would not).
+            import torch
+
+            state = torch.get_rng_state()
+            torch.manual_seed(seed)
+            try:
+                outputs = self.llm.generate(requests, params, use_tqdm=False)
+            finally:
+                torch.set_rng_state(state)
         generations = []
         for ids, request in zip(prompt_ids, outputs, strict=True):
             out = request.outputs[0]
@@ -117,3 +154,5 @@ class VLLMBackend:
 
     def close(self) -> None:
         self.llm = None  # type: ignore[assignment]
+        if self._merged is not None:
+            self._merged.cleanup()
