@@ -266,33 +266,27 @@ def test_hardening_missing_warm_start_says_how_to_make_it():
         load_backend("hf:assets/warmstart/no-such-run/actor")
 
 
-def test_demo_warm_starts_trains_and_reports_before_and_after(tiny, tmp_path, monkeypatch, capsys):
-    import crl_harness.config as config
+def test_demo_warm_starts_trains_and_reports_before_and_after(tiny, tmp_path, capsys):
     from crl_harness.commands.demo import train_and_evaluate
+    from crl_harness.config import load_config
 
-    real = config.load_config
-
-    def small(name, overrides=()):
-        return real(name, [*overrides, f"warmstart.model=hf:{tiny}",
-                           f"actor.model=hf:{tmp_path}/w/actor",
-                           f"extractor.model=hf:{tmp_path}/w/extractor",
-                           f"warmstart.output_dir={tmp_path}/w", f"run.output_dir={tmp_path}/run",
-                           "run.steps=2", "run.tensorboard=false", "warmstart.episodes=2",
-                           "warmstart.extractor_samples=1", "warmstart.epochs=1",
-                           "warmstart.lora.top_layers=1", "warmstart.lora.r=4",
-                           "tasks.envs.0.kwargs.max_episode_steps=2", "actor.max_new_tokens=128",
-                           "extractor.max_new_tokens=8", "extractor.train_after=1"])
-
-    monkeypatch.setattr(config, "load_config", small)
-    assert train_and_evaluate(2) == 0
+    cfg = load_config("cpu-demo", [
+        f"warmstart.model=hf:{tiny}", f"actor.model=hf:{tmp_path}/w/actor",
+        f"extractor.model=hf:{tmp_path}/w/extractor", f"warmstart.output_dir={tmp_path}/w",
+        f"run.output_dir={tmp_path}/demo/run", "run.steps=2", "run.tensorboard=false",
+        "warmstart.episodes=2", "warmstart.extractor_samples=1", "warmstart.epochs=1",
+        "warmstart.lora.top_layers=1", "warmstart.lora.r=4",
+        "tasks.envs.0.kwargs.max_episode_steps=2", "actor.max_new_tokens=128",
+        "extractor.max_new_tokens=8", "extractor.train_after=1"])
+    train_and_evaluate(cfg, 2, tmp_path / "demo", cache=tmp_path / "cache")
     out = capsys.readouterr().out
     assert (tmp_path / "w" / "actor" / "adapter_config.json").exists()  # warm start ran first
     assert "held-out" in out and "training" in out and "bank:" in out
     # every case of a phase played in one batch, reported apart
     for case, seeds in (("before/held-out", [50_000_000, 50_000_001]), ("before/training", [0, 1]),
                         ("after/held-out", [50_000_000, 50_000_001]),
-                        ("after/training-bank", [0, 1])):
+                        ("after/training", [0, 1])):
         phase, name = case.split("/")
-        report = json.loads((tmp_path / "run" / f"eval-{phase}" / name / "report.json")
+        report = json.loads((tmp_path / "demo" / f"eval-{phase}" / name / "report.json")
                             .read_text())
         assert [e["seed"] for e in report["episodes"]] == seeds
