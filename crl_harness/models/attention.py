@@ -53,10 +53,11 @@ def grouped_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: 
     if q_length != 1 or kv_heads == heads or (module.training and dropout > 0):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    grouped = query.view(batch, kv_heads, heads // kv_heads, head_dim)
+    # reshape, not view: CUDA's SDPA may return a layout whose heads do not merge by a view
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
     out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value,
                                                            attn_mask=attention_mask, scale=scaling)
-    return out.view(batch, 1, heads, head_dim), None
+    return out.reshape(batch, 1, heads, head_dim), None
 
 
 # Registered once, at import: the attention for one-token queries, and SDPA's boolean masks
