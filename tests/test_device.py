@@ -278,3 +278,28 @@ def test_one_trainer_step_in_bf16_changes_the_weights(tiny, tmp_path, device, al
     # bf16 rollouts: the learner recomputes the old log-probs and the metrics report its gap to
     # the sampler's
     assert metrics["actor/logprob_gap_max"] >= metrics["actor/logprob_gap_mean"] > 0.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_decode_attention_equals_sdpa_on_the_device(device, dtype):
+    """SmolLM2's shape (9 query heads on 3 KV heads), the query laid out as Llama's attention
+    makes it ([B, 1, H, D] transposed): on CUDA, SDPA's output for the grouped query is not
+    mergeable by a view (a 3x3-head decode step failed on an H200 until it was reshaped)."""
+    from types import SimpleNamespace
+
+    from crl_harness.models.attention import grouped_decode_attention
+
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(4, 1, 9, 64, generator=generator).transpose(1, 2).to(device, dtype)
+    key, value = (torch.randn(4, 3, 40, 64, generator=generator).to(device, dtype)
+                  for _ in range(2))
+    mask = torch.ones(4, 1, 1, 40, dtype=torch.bool, device=device)
+    mask[::2, ..., :7] = False  # left padding
+    out, _ = grouped_decode_attention(SimpleNamespace(training=False), query, key, value, mask)
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1), attn_mask=mask)
+    assert out.shape == (4, 1, 9, 64)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), reference.transpose(1, 2).float(),
+                               atol=tolerance, rtol=tolerance)
