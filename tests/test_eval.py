@@ -163,3 +163,18 @@ def test_hardening_crl_eval_max_episode_steps_must_be_a_whole_positive_number(tm
                  "--no-progress"]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert "max_episode_steps must be a whole number of steps in 1..100000" in line
+
+
+def test_hardening_crl_eval_dtype_runs_the_model_in_it_and_refuses_others(tmp_path, capsys):
+    from crl_harness.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")
+    args = ["eval", "--agent", f"hf:{model}", "--envs", "CRL/Sokoban-v0", "--episodes", "1",
+            "--max-new-tokens", "4", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16"]) == 0
+    assert "model on cpu (bfloat16)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--out", str(tmp_path / "bad"), "--dtype", "float8"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--dtype" in err and "invalid choice" in err and "Traceback" not in err
