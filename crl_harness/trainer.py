@@ -70,6 +70,7 @@ from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
 from crl_harness.training.packing import pack_turns
 from crl_harness.training.run_directory import ResumeError, RunDirectory, RunDirectoryError
 from crl_harness.training.sampler import TaskSampler
+from crl_harness.training.vllm_sync import SyncedVLLM
 
 __all__ = ["Trainer", "ResumeError", "RunDirectoryError", "make_trainer"]
 
@@ -169,28 +170,28 @@ class Trainer:
                                     "such file; give a bank.jsonl (e.g. a checkpoint's).")
         (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
 
-        # The actor: a backend that generates and a learner that trains the same model object.
-        self.actor_backend = load_backend(cfg.actor.model, dtype=cfg.actor.dtype,
-                                          kv_cache_tokens=cfg.actor.kv_cache_tokens)
-        self.actor = PolicyLearner(
-            self.actor_backend.model, lr=cfg.actor.lr, max_grad_norm=cfg.actor.max_grad_norm,
-            temperature=cfg.actor.temperature, micro_batch_size=cfg.actor.micro_batch_size,
-            lora=cfg.actor.lora, recompute_old_logprobs=cfg.actor.recompute_old_logprobs)
+        # The actor: a learner that trains a transformers model, and what its rollouts generate
+        # with: that same model (rollout_engine hf) or a vLLM engine synced after each update.
+        self.engines: dict[str, SyncedVLLM] = {}
+        learner_backend = load_backend(cfg.actor.model, dtype=cfg.actor.dtype,
+                                       kv_cache_tokens=cfg.actor.kv_cache_tokens,
+                                       kv_reuse=cfg.actor.rollout_engine == "hf")
+        self.tokenizer = learner_backend.tokenizer
+        self.actor = self._learner("actor", learner_backend.model)
+        self.actor_backend = self._sampler("actor", learner_backend)
 
         # The extractor and the bank (not in the arm without experience).
         self.experience: ExperienceService | None = None
         self.extractor: PolicyLearner | None = None
         if cfg.uses_experience:
             spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
+            vllm_static = cfg.extractor.rollout_engine == "vllm" and not cfg.trains_extractor
             # with "same": a second copy of the base model
-            extractor_backend = load_backend(spec, dtype=cfg.extractor.dtype)
+            extractor_backend = load_backend(("vllm:" + spec.removeprefix("hf:")) if vllm_static
+                                             else spec, dtype=cfg.extractor.dtype)
             if cfg.trains_extractor:
-                self.extractor = PolicyLearner(
-                    extractor_backend.model, lr=cfg.extractor.lr,
-                    max_grad_norm=cfg.extractor.max_grad_norm,
-                    temperature=cfg.extractor.temperature,
-                    micro_batch_size=cfg.extractor.micro_batch_size, lora=cfg.extractor.lora,
-                    recompute_old_logprobs=cfg.extractor.recompute_old_logprobs)
+                self.extractor = self._learner("extractor", extractor_backend.model)
+                extractor_backend = self._sampler("extractor", extractor_backend)
             self.experience = self._make_experience(extractor_backend, checkpoint)
         self.rollouts = self._make_rollouts()
         self.sampler = TaskSampler(cfg.tasks, cfg.run.seed)
@@ -201,6 +202,27 @@ class Trainer:
             self._load_checkpoint(checkpoint)
         self.metrics = MetricsLogger(self.run_dir, tensorboard=cfg.run.tensorboard,
                                      resume_step=self.step if resume else None)
+
+    def _learner(self, role: str, model: Any) -> PolicyLearner:
+        settings = getattr(self.cfg, role)
+        recompute = settings.recompute_old_logprobs
+        if recompute is None and settings.rollout_engine == "vllm":
+            recompute = True  # another engine's log-probs differ from the learner's at any dtype
+        return PolicyLearner(
+            model, lr=settings.lr, max_grad_norm=settings.max_grad_norm,
+            temperature=settings.temperature, micro_batch_size=settings.micro_batch_size,
+            lora=settings.lora, recompute_old_logprobs=recompute)
+
+    def _sampler(self, role: str, learner_backend: Any) -> Any:
+        """The backend ``role`` generates with: the learner's own (hf), or a vLLM engine started
+        from the learner's weights (vllm; ``self.engines[role]``, synced in step 7)."""
+        if getattr(self.cfg, role).rollout_engine != "vllm":
+            return learner_backend
+        engine = SyncedVLLM(getattr(self, role), learner_backend.tokenizer,
+                            max_context=learner_backend.max_context,
+                            kv_cache_tokens=self.cfg.actor.kv_cache_tokens, seed=self.cfg.run.seed)
+        self.engines[role] = engine
+        return engine.backend
 
     # ================================================================== the loop
     def train(self) -> dict[str, float]:
@@ -273,11 +295,26 @@ class Trainer:
             self.counters["bank/merge_chunks"] += self.experience.merge_pass()
 
         # 7. New weights reach the rollout backend and the extractor's generator.
+        t0 = time.perf_counter()
         self._push_weights(actor_stats is not None and actor_stats.rows > 0,
                            extractor_stats is not None and extractor_stats.rows > 0)
+        times["sync"] = time.perf_counter() - t0
+        self._check_logprob_gap(actor_stats, extractor_stats)
         metrics = self._step_metrics(trajectories, actor_stats, extractor_stats, times)
         metrics["actor/warmup"] = float(warming_up)
         return metrics
+
+    def _check_logprob_gap(self, *stats: UpdateStats | None) -> None:
+        """Say so when a learner's log-probs of the trained tokens stray from the sampler's by
+        more than ``max_logprob_gap`` on average: the sampler is not running its weights."""
+        for role, update in zip(("actor", "extractor"), stats, strict=True):
+            bound = getattr(self.cfg, role).max_logprob_gap
+            if update is not None and update.rows and update.logprob_gap_mean > bound:
+                warnings.warn(
+                    f"step {self.step}: the {role}'s sampler and learner disagree by "
+                    f"{update.logprob_gap_mean:.3f} nats a token on average (bound {role}."
+                    f"max_logprob_gap = {bound}); the rollouts ran other weights than the "
+                    "learner's (a missed weight sync, or a lossy dtype)", stacklevel=2)
 
     # ================================================================== steps of the loop
     def _episode_specs(self, step: int, retrieve: bool = True) -> list[EpisodeSpec]:
@@ -411,6 +448,8 @@ class Trainer:
             # sampler vs learner log-probs of the trained tokens, before the step
             m["actor/logprob_gap_mean"] = actor.logprob_gap_mean
             m["actor/logprob_gap_max"] = actor.logprob_gap_max
+            m["actor/logprob_gap_over_bound"] = float(
+                actor.logprob_gap_mean > cfg.actor.max_logprob_gap)
             # trajectories trained as one packed row (the rest: one row per turn)
             m["actor/packed_fraction"] = self.packed_fraction
         if extractor is not None:
@@ -420,6 +459,8 @@ class Trainer:
             m["extractor/trained_generations"] = extractor.rows
             m["extractor/logprob_gap_mean"] = extractor.logprob_gap_mean
             m["extractor/logprob_gap_max"] = extractor.logprob_gap_max
+            m["extractor/logprob_gap_over_bound"] = float(
+                extractor.logprob_gap_mean > cfg.extractor.max_logprob_gap)
         if self.experience is not None:
             stats = self.experience.stats()
             m["bank/size"] = stats["bank_size"]
@@ -456,7 +497,7 @@ class Trainer:
                    directory / "trainer_state.pt")
         # A plain transformers checkpoint of the actor, so `crl eval hf:DIR` can load it.
         self.actor.save_merged(directory / "actor_hf")
-        self.actor_backend.tokenizer.save_pretrained(directory / "actor_hf")
+        self.tokenizer.save_pretrained(directory / "actor_hf")
         (directory / "state.json").write_text(json.dumps({
             "step": self.step, "name": self.cfg.name, "arm": self.cfg.arm,
             "bank_entries": bank_entries, "counters": dict(self.counters),
@@ -518,7 +559,14 @@ class Trainer:
                              config=self._rollout_config())
 
     def _push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:
-        """Nothing to move in one process: the learners trained the backends' models in place."""
+        """In one process an hf engine needs nothing (the learner trained its model in place);
+        a vLLM engine is given the learner's new weights."""
+        if actor_updated and "actor" in self.engines:
+            self.engines["actor"].sync()
+        if extractor_updated and "extractor" in self.engines:
+            assert self.experience is not None
+            with self.experience.weights_lock:  # no distillation sees half an update
+                self.engines["extractor"].sync()
 
     # ================================================================== plumbing
     def _rollout_config(self) -> RolloutConfig:
@@ -555,6 +603,8 @@ class Trainer:
         self.rollouts.close()
         if self.experience is not None:
             self.experience.close()
+        for engine in getattr(self, "engines", {}).values():
+            engine.close()
         self.metrics.close()
         self.run.close()
 

@@ -10,8 +10,10 @@ engine (the engine runs in this process for that) and clears the prefix cache, s
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,12 @@ from crl_harness.models.base import (
 )
 
 __all__ = ["VLLMBackend", "vllm_available"]
+
+# One engine call at a time in a process: in-process engines share vLLM's module-level forward
+# context, so two engines driven from two threads (the trainer's rollouts and its background
+# distillation) would run with each other's attention metadata.
+_ENGINE_CALLS = threading.Lock()
+_USER_KV_SPACE = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
 
 
 def vllm_available() -> bool:
@@ -63,11 +71,30 @@ class VLLMBackend:
             path = self._merge_adapter(Path(path).expanduser())
         # In-process engine: load_weights hands the tensors to the worker without serialising them.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        # each engine its own size (a trainer may start two), unless the user set one for all
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = _USER_KV_SPACE or str(kv_cache_gib)
+        import torch
         from vllm import LLM
 
-        self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_context, seed=seed,
-                       logprobs_mode="processed_logprobs", enforce_eager=True, **engine_args)
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        try:
+            self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_context, seed=seed,
+                           logprobs_mode="processed_logprobs", enforce_eager=True, **engine_args)
+        except Exception as err:  # noqa: BLE001 - vLLM fails in many library types
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            raise BackendUnavailableError(
+                f"vLLM could not start an engine for {path}: {type(err).__name__}: "
+                f"{' '.join(lines[:2])[:400]}. Check the model folder, max_context against the "
+                "model's context, and free memory (VLLM_CPU_KVCACHE_SPACE on a CPU, "
+                "gpu_memory_utilization on a GPU)."
+            ) from err
+        finally:
+            # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process
+            # and may drop torch to one thread: both are put back, or everything else in this
+            # process (a trainer's learner, run.torch_threads) would run on one core.
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
+        self.threads = threads
         self.tokenizer = self.llm.get_tokenizer()
         from vllm.platforms import current_platform
 
@@ -90,6 +117,22 @@ class VLLMBackend:
         merged.close()
         return self._merged.name
 
+    @contextlib.contextmanager
+    def _engine_call(self) -> Iterator[None]:
+        """One engine call at a time in this process, run with the engine's thread count: vLLM's
+        CPU attention checks that its kernel runs on as many threads as its metadata was built
+        for, and a thread other than the engine's starter (a trainer's background distillation)
+        may default to another count."""
+        import torch
+
+        with _ENGINE_CALLS:
+            caller = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
+            try:
+                yield
+            finally:
+                torch.set_num_threads(caller)
+
     def count_tokens(self, messages: list[Message]) -> int:
         return len(encode_chat(self.tokenizer, messages))
 
@@ -110,7 +153,8 @@ class VLLMBackend:
         ]
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         if seed is None or per_request:
-            outputs = self.llm.generate(requests, params, use_tqdm=False)
+            with self._engine_call():
+                outputs = self.llm.generate(requests, params, use_tqdm=False)
         else:
             # On a CPU, a request's own generator fails once vLLM rewinds it after a chunked
             # prefill step ("CPU Generator does not use offset"), so the call is seeded instead:
@@ -119,12 +163,13 @@ class VLLMBackend:
             # depend on the rest of its batch, which per-request seeds would not).
             import torch
 
-            state = torch.get_rng_state()
-            torch.manual_seed(seed)
-            try:
-                outputs = self.llm.generate(requests, params, use_tqdm=False)
-            finally:
-                torch.set_rng_state(state)
+            with self._engine_call():
+                state = torch.get_rng_state()
+                torch.manual_seed(seed)
+                try:
+                    outputs = self.llm.generate(requests, params, use_tqdm=False)
+                finally:
+                    torch.set_rng_state(state)
         generations = []
         for ids, request in zip(prompt_ids, outputs, strict=True):
             out = request.outputs[0]
@@ -149,8 +194,9 @@ class VLLMBackend:
         dtype = self.llm.model_config.dtype
         weights = [(name, tensor.detach().to("cpu", dtype if tensor.is_floating_point() else None))
                    for name, tensor in state_dict.items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        self.llm.reset_prefix_cache()
+        with self._engine_call():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         self.llm = None  # type: ignore[assignment]

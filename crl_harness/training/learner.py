@@ -266,13 +266,15 @@ class PolicyLearner:
     def _masters_by_storage(self) -> dict[int, torch.Tensor]:
         return {p.data_ptr(): m for p, m in self._copies}
 
-    def save_merged(self, directory: Path) -> None:
-        """Save the model as a plain transformers checkpoint (with LoRA, each adapted weight
-        is saved as base + delta; the model itself is left untouched, as merging in place and
-        back would round its base weights)."""
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's weights as a plain transformers state dict, what a separate sampler (a
+        vLLM engine) or an export needs: fp32 masters where the model holds a rounded copy, and
+        with LoRA each adapted weight as base + delta, added in fp32 (the model itself is left
+        untouched: merging in place and back would round its base weights). Tensors may share
+        storage with the model; do not write to them."""
+        masters = self._masters_by_storage()
         if self.lora is None:
-            self.model.save_pretrained(directory)
-            return
+            return {k: masters.get(v.data_ptr(), v) for k, v in self.model.state_dict().items()}
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
@@ -282,11 +284,16 @@ class PolicyLearner:
         with torch.no_grad():
             for name, module in base.named_modules():
                 if isinstance(module, LoraLayer):
-                    merged = module.get_base_layer().weight.clone()
+                    merged = module.get_base_layer().weight.float().clone()
                     for adapter in module.active_adapters:
-                        merged += module.get_delta_weight(adapter)
+                        merged += module.get_delta_weight(adapter).float()
                     state[f"{name}.weight"] = merged
-        base.save_pretrained(directory, state_dict=state)
+        return state
+
+    def save_merged(self, directory: Path) -> None:
+        """Save the model as a plain transformers checkpoint (``merged_state_dict``)."""
+        base = self.model.get_base_model() if self.lora is not None else self.model
+        base.save_pretrained(directory, state_dict=self.merged_state_dict())
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """What changes in training: the whole model's weights, or only the LoRA adapters;
