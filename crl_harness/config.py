@@ -161,7 +161,9 @@ class ActorConfig:
     normalize_std: bool = False
     """divide subgroup advantages by the subgroup std (released: no)"""
     warmup_steps: int = 5
-    """steps during which the actor is frozen while the bank fills"""
+    """steps at the start during which the actor is not updated (released: 5, while the bank
+    fills); arm none has no bank and is never frozen. Retrieval waits for
+    ``experience.retrieval_warmup_steps``, which follows this one unless set"""
     max_grad_norm: float = 1.0
     temperature: float = 0.99
     top_p: float = 1.0
@@ -254,6 +256,12 @@ class ExperienceConfig:
     """search-and-ask: asks answered per episode (released: 2); later ones are refused"""
     max_query_chars: int = 1_000
     """search-and-ask: a longer query is cut to this many characters before it is sent"""
+    retrieval_warmup_steps: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """steps at the start during which nothing is retrieved while the bank fills: the guided
+    slots play without experience (and are distilled), no writer is credited and the extractor
+    is not trained; null: ``actor.warmup_steps`` (the released code's one warm-up for both), so
+    configs that set only that one keep their behaviour. 0 with ``actor.warmup_steps: 0``: the
+    actor trains from step 1 and guided slots retrieve once the bank holds something"""
     initial_bank: Optional[str] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """a bank export (``bank.jsonl``, e.g. a checkpoint's) whose entries a fresh run starts from;
     none: a fresh run starts with an empty bank (arm none ignores it)"""
@@ -334,6 +342,26 @@ class TrainConfig:
     @property
     def trains_extractor(self) -> bool:
         return self.arm == "co-evolve"
+
+    @property
+    def retrieval_warmup(self) -> int:
+        """Steps at the start without retrieval: ``experience.retrieval_warmup_steps``, else
+        ``actor.warmup_steps``."""
+        steps = self.experience.retrieval_warmup_steps
+        return self.actor.warmup_steps if steps is None else steps
+
+    @property
+    def actor_warmup(self) -> int:
+        """Steps at the start with the actor frozen: ``actor.warmup_steps``, 0 with arm none
+        (the freeze waits for a bank to fill, and that arm has none).
+
+        >>> cfg = load_config(None, ["actor.warmup_steps=3", "experience.retrieval_warmup_steps=1"])
+        >>> cfg.actor_warmup, cfg.retrieval_warmup
+        (3, 1)
+        >>> load_config(None, ["arm=none", "actor.warmup_steps=3"]).actor_warmup
+        0
+        """
+        return 0 if self.arm == "none" else self.actor.warmup_steps
 
 
 def _resolve_path(path: str | Path) -> Path:
@@ -553,7 +581,12 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         fail("run.torch_threads", f"must be at most {MAX_TORCH_THREADS}, got "
              f"{cfg.run.torch_threads}")
     if cfg.actor.warmup_steps < 0:
-        fail("actor.warmup_steps", "must be >= 0")
+        fail("actor.warmup_steps", f"must be >= 0 (0: the actor trains from step 1), got "
+             f"{cfg.actor.warmup_steps}")
+    if cfg.experience.retrieval_warmup_steps is not None \
+            and cfg.experience.retrieval_warmup_steps < 0:
+        fail("experience.retrieval_warmup_steps", "must be >= 0 (0: retrieve from step 1), or "
+             f"null to follow actor.warmup_steps; got {cfg.experience.retrieval_warmup_steps}")
     e = cfg.experience
     if e.candidates < e.k:
         fail("experience.candidates", f"must be >= experience.k ({e.k}), got {e.candidates}")
@@ -681,7 +714,7 @@ def updated_lesson_steps(cfg: TrainConfig) -> int:
     """The steps of a run that can retrieve lessons written after the extractor's first update,
     at the earliest (0: training the extractor cannot reach the actor before the run ends).
 
-    Entries are first retrieved, and their writers credited, in step ``warmup_steps + 1`` (a
+    Entries are first retrieved, and their writers credited, in step ``retrieval_warmup + 1`` (a
     fresh bank without ``experience.initial_bank`` fills in step 1 first); a step credits at
     most ``groups_per_step * guided_per_group * k`` generations, so ``train_after`` of them are
     waiting by step ``u``; the distillations of step ``u + 1`` use the update, and what they
@@ -692,7 +725,7 @@ def updated_lesson_steps(cfg: TrainConfig) -> int:
     2
     """
     t = cfg.tasks
-    first = cfg.actor.warmup_steps + 1
+    first = cfg.retrieval_warmup + 1
     if cfg.experience.initial_bank is None:
         first = max(first, 2)
     per_step = t.groups_per_step * t.guided_per_group * cfg.experience.k

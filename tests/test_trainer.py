@@ -320,6 +320,8 @@ def test_warmup_retrieves_nothing_and_trains_neither_model(models, tmp_path):
     Trainer(cfg).train()
     warmup, after = read_metrics(tmp_path / "metrics.jsonl")
     assert warmup["actor/warmup"] == 1.0 and after["actor/warmup"] == 0.0
+    # null experience.retrieval_warmup_steps: the retrieval warm-up follows the actor's
+    assert warmup["experience/warmup"] == 1.0 and after["experience/warmup"] == 0.0
     # Step 1: no rollout retrieved (so no "guided" success), nothing trained or credited.
     assert math.isnan(warmup["experience/retrieved_per_guided"])
     assert math.isnan(warmup["success/guided"]) and warmup["rollout/episodes"] == 8
@@ -331,6 +333,56 @@ def test_warmup_retrieves_nothing_and_trains_neither_model(models, tmp_path):
     # The guided slots of step 1 were still distilled (the bank fills during warm-up).
     assert after["extractor/distillations"] >= 4
     assert after["experience/retrieved_per_guided"] == 1.0 and "loss/actor" in after
+
+
+def test_retrieval_warmup_is_separate_from_the_actor_freeze(models, tmp_path,
+                                                           alternating_rewards):
+    """``experience.retrieval_warmup_steps=1`` with ``actor.warmup_steps=0``: step 1 retrieves
+    nothing and credits nothing, yet the actor trains; step 2 retrieves."""
+    _, initial_bank = _seed_bank(tmp_path)
+    cfg = load_config(None, _overrides(models, tmp_path) + [
+        "actor.warmup_steps=0", "experience.retrieval_warmup_steps=1", initial_bank])
+    assert (cfg.actor_warmup, cfg.retrieval_warmup) == (0, 1)
+    trainer = Trainer(cfg)
+    alternating_rewards(trainer)  # reward variance in every subgroup, so the actor has rows
+    trainer.train()
+    first, second = read_metrics(tmp_path / "metrics.jsonl")
+    assert first["actor/warmup"] == 0.0 and first["experience/warmup"] == 1.0
+    assert "loss/actor" in first and first["grad_norm/actor"] > 0
+    assert math.isnan(first["experience/retrieved_per_guided"])
+    assert first.get("extractor/generations_rewarded", 0.0) == 0.0
+    assert second["experience/warmup"] == 0.0
+    assert second["experience/retrieved_per_guided"] == 1.0 and "loss/actor" in second
+
+
+@pytest.mark.parametrize("arm, guided", [("co-evolve", 4), ("static", 4), ("none", 0)])
+def test_a_step_of_32_episodes_in_groups_of_8_is_4_guided_and_4_free(arm, guided):
+    """Issue 32's shape, from the config alone (no model): 4 groups of 8 a step, the first 4 of
+    each group guided; with arm none all 8 free."""
+    from crl_harness.training.sampler import TaskSampler
+
+    cfg = load_config("cpu-demo", [f"arm={arm}", "tasks.groups_per_step=4",
+                                   "tasks.group_size=8", "tasks.guided_per_group=4"])
+    trainer = Trainer.__new__(Trainer)  # only the spec builder: no run folder, no models
+    trainer.cfg, trainer.sampler = cfg, TaskSampler(cfg.tasks, cfg.run.seed)
+    specs = trainer._episode_specs(1)
+    assert len(specs) == 32
+    for group in range(4):
+        members = [s for s in specs if s.group_id == group]
+        assert len(members) == 8 and len({(s.env_id, s.seed) for s in members}) == 1
+        assert [s.use_experience for s in members] == [True] * guided + [False] * (8 - guided)
+    # during the retrieval warm-up every slot plays free, in every arm
+    assert not any(s.use_experience for s in trainer._episode_specs(2, retrieve=False))
+
+
+def test_arm_none_is_never_frozen_by_the_warmup(models, tmp_path, alternating_rewards):
+    cfg = load_config(None, _overrides(models, tmp_path, arm="none", steps=1)
+                      + ["actor.warmup_steps=3"])
+    trainer = Trainer(cfg)
+    alternating_rewards(trainer)
+    metrics = trainer.train()
+    assert metrics["actor/warmup"] == 0.0 and "experience/warmup" not in metrics
+    assert "loss/actor" in metrics and metrics["grad_norm/actor"] > 0
 
 
 def test_bf16_run_on_cpu_updates_every_weight_at_lr_1e_6_with_ratios_one(models, tmp_path):
