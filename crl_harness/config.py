@@ -136,6 +136,12 @@ class LoRAConfig:
     top_layers: int = 0
     """adapters only in the last N transformer layers (0: every layer); the backward pass then
     stops below them, which on a CPU is most of a step's time"""
+    init_from: Optional[str] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """a LoRA adapter folder (peft's ``adapter_config.json``, e.g. ``assets/warmstart/cpu-demo/
+    actor`` or a checkpoint's ``actor_hf``) whose adapters training continues, unmerged and
+    trainable, instead of fresh ones; its own r, alpha, dropout, target modules and layers
+    replace the ones above. The model (``actor.model``) must be that adapter's base, not the
+    adapter folder itself (which would merge it in at load); null: fresh adapters"""
 
 
 @dataclass
@@ -657,6 +663,15 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if not lora.target_modules:
             fail(f"{key}.target_modules", "is empty; name the modules that get adapters "
                  "(e.g. q_proj, v_proj)")
+    if w.lora.init_from is not None:
+        fail("warmstart.lora.init_from", "the warm start trains fresh adapters; leave it null "
+             "(actor.lora.init_from continues a warm start's adapters in RL)")
+    for learner in ("actor", "extractor"):
+        if learner == "extractor" and not cfg.trains_extractor:
+            continue
+        problem = _lora_init_problem(cfg, learner)
+        if problem is not None:
+            fail(*problem)
     if not w.model.startswith("hf:"):
         fail("warmstart.model", f"'{w.model}' cannot be fine-tuned here; use hf:NAME_OR_PATH")
     if not w.lora.enabled:
@@ -671,6 +686,67 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if overlap(warm, seeds):
             fail("warmstart.seed_offset", f"the warm-start seeds [{warm.start}, {warm.stop}) "
                  f"overlap the {name} seeds [{seeds.start}, {seeds.stop}); move one range")
+
+
+def _model_key(name: str) -> str:
+    """What ``name`` (a short name, a path, an ``assets/...`` path, a hub id) loads, as one
+    comparable string: a short name and its cached checkpoint are the same model. Nothing is
+    downloaded or converted."""
+    from crl_envs.data import cache_dir
+    from crl_harness.models.base import ModelNotFoundError
+    from crl_harness.models.registry import MODELS, resolve_model_path
+
+    if name in MODELS:
+        return str((cache_dir() / "models" / name).resolve())
+    try:
+        path = Path(resolve_model_path(name)).expanduser()
+    except ModelNotFoundError:
+        return name
+    return str(path.resolve()) if path.exists() else name
+
+
+def _lora_init_problem(cfg: TrainConfig, learner: str) -> tuple[str, str] | None:
+    """``(key, why)`` when ``{learner}.lora.init_from`` cannot be continued on that learner's
+    model: LoRA is off, the folder holds no adapters, or they were trained on another base."""
+    from crl_harness.models.base import ModelLoadError, ModelNotFoundError
+    from crl_harness.models.model_folder import adapter_base, is_adapter_folder
+    from crl_harness.models.registry import resolve_model_path
+
+    section = getattr(cfg, learner)
+    lora: LoRAConfig = section.lora
+    if lora.init_from is None:
+        return None
+    key = f"{learner}.lora.init_from"
+    if not lora.enabled:
+        return key, f"continues adapters, so {learner}.lora.enabled must be true as well"
+    try:
+        folder = Path(resolve_model_path(lora.init_from)).expanduser()
+    except ModelNotFoundError as err:
+        return key, str(err)
+    if not is_adapter_folder(folder):
+        return key, (f"{lora.init_from} is not a LoRA adapter folder (no adapter_config.json); "
+                     "give one written by crl warmstart (e.g. assets/warmstart/cpu-demo/actor) "
+                     "or a LoRA run's checkpoints/step-N/actor_hf")
+    try:
+        base = adapter_base(folder)
+    except ModelLoadError as err:
+        return key, str(err)
+    spec = cfg.actor.model if learner == "extractor" and cfg.extractor.model == "same" \
+        else section.model
+    model = spec.removeprefix("hf:")
+    model_key = f"{learner}.model" if spec == section.model else "actor.model"
+    try:
+        model_is_adapter = is_adapter_folder(Path(resolve_model_path(model)).expanduser())
+    except ModelNotFoundError:
+        model_is_adapter = False
+    if model_is_adapter:
+        return key, (f"{model_key} {spec} is itself an adapter folder (merged into its base at "
+                     f"load, so the adapters would count twice); with {key} give the base: "
+                     f"{model_key}=hf:{base}")
+    if _model_key(base) != _model_key(model):
+        return key, (f"{lora.init_from} holds adapters of {base}, not of {model_key} {spec}; "
+                     f"set {model_key}=hf:{base} or give adapters of {model}")
+    return None
 
 
 def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
@@ -689,6 +765,8 @@ def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
     for learner in learners:
         lora: LoRAConfig = getattr(cfg, learner).lora
         if not lora.enabled or (learner == "extractor" and not cfg.trains_extractor):
+            continue
+        if lora.init_from is not None:  # its own adapter_config.json fixes the shape (load time)
             continue
         path = resolve_model_path(specs[learner].removeprefix("hf:"))
         if is_adapter_folder(Path(path)):  # adapters are merged into their base first

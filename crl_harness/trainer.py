@@ -459,13 +459,44 @@ class Trainer:
         bank_entries = self.experience.export_state(directory) if self.experience else 0
         torch.save({"rng": rng_state(), "awaiting_training": self.awaiting_training},
                    directory / "trainer_state.pt")
-        # A plain transformers checkpoint of the actor, so `crl eval hf:DIR` can load it.
-        self.actor.save_merged(directory / "actor_hf")
+        # The actor for `crl eval hf:DIR`: its LoRA adapters alone (fp32, megabytes; loaded
+        # merged into their base) when its base is a plain model, else a plain transformers
+        # checkpoint (full fine-tuning, or fresh adapters on an adapter folder merged at load).
+        base = self._actor_adapter_base()
+        if base is not None:
+            self.actor.save_adapter(directory / "actor_hf", base)
+        else:
+            self.actor.save_merged(directory / "actor_hf")
         self.actor_backend.tokenizer.save_pretrained(directory / "actor_hf")
         (directory / "state.json").write_text(json.dumps({
             "step": self.step, "name": self.cfg.name, "arm": self.cfg.arm,
             "bank_entries": bank_entries, "counters": dict(self.counters),
         }, indent=2))
+
+    def _actor_adapter_base(self) -> str | None:
+        """The base model a checkpoint's actor adapters name (``actor.model``: a short name or
+        a shipped ``assets/...`` path as written, another local path made absolute), or None
+        when the actor trains no adapters or its model is an adapter folder merged at load."""
+        from crl_harness.models.model_folder import is_adapter_folder
+        from crl_harness.models.registry import MODELS, resolve_model_path
+
+        if self.actor.lora is None:
+            return None
+        name = self.cfg.actor.model.removeprefix("hf:")
+        path = Path(resolve_model_path(name)).expanduser()
+        if is_adapter_folder(path):
+            return None
+        if name in MODELS or name.startswith("assets/") or not path.exists():
+            return name
+        return str(path.resolve())
+
+    def save_merged_actor(self, directory: Path) -> Path:
+        """Export the actor as one plain transformers model, LoRA adapters merged in fp32
+        (``crl eval`` and vLLM read it without peft)."""
+        directory = Path(directory)
+        self.actor.save_merged(directory)
+        self.actor_backend.tokenizer.save_pretrained(directory)
+        return directory
 
     def _checkpoint_to_resume(self) -> Path:
         checkpoint = self.checkpoints.latest()

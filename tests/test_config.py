@@ -272,3 +272,54 @@ def test_a_signal_shape_is_expressible_by_config():
     assert (t.groups_per_step * t.group_size, t.group_size, t.guided_per_group) == (32, 8, 4)
     assert t.envs[0].kwargs["penalty_step"] == -0.05 and not cfg.actor.normalize_std
     assert (cfg.actor_warmup, cfg.retrieval_warmup) == (0, 1)
+
+
+def _adapter_folder(folder: Path, base: str) -> Path:
+    """What the config checks of an adapter folder: peft's config naming the base, weights."""
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(f'{{"base_model_name_or_path": "{base}"}}')
+    (folder / "adapter_model.safetensors").write_bytes(b"")
+    return folder
+
+
+def test_lora_init_from_the_shipped_warm_start_on_its_base_loads():
+    cfg = load_config("cpu-demo", ["actor.model=hf:smollm2-135m", "actor.lora.enabled=true",
+                                   "actor.lora.init_from=assets/warmstart/cpu-demo/actor",
+                                   "actor.dtype=bfloat16"])
+    assert cfg.actor.lora.init_from == "assets/warmstart/cpu-demo/actor"
+    assert cfg.extractor.lora.init_from is None
+
+
+def test_hardening_lora_init_from_that_cannot_continue_is_one_config_error(tmp_path):
+    base, other = tmp_path / "base", tmp_path / "other"
+    base.mkdir()
+    other.mkdir()
+    adapter = _adapter_folder(tmp_path / "adapter", str(base))
+    on = ["actor.lora.enabled=true"]
+    cases = [
+        (on + [f"actor.model=hf:{base}", f"actor.lora.init_from={tmp_path / 'none'}"],
+         "actor.lora.init_from", "not a LoRA adapter folder"),
+        (on + [f"actor.model=hf:{base}", f"actor.lora.init_from={other}"],
+         "actor.lora.init_from", "not a LoRA adapter folder"),
+        (on + [f"actor.model=hf:{other}", f"actor.lora.init_from={adapter}"],
+         "actor.lora.init_from", f"holds adapters of {base}, not of actor.model"),
+        (on + [f"actor.model=hf:{adapter}", f"actor.lora.init_from={adapter}"],
+         "actor.lora.init_from", "is itself an adapter folder"),
+        ([f"actor.model=hf:{base}", f"actor.lora.init_from={adapter}"],
+         "actor.lora.init_from", "actor.lora.enabled must be true"),
+        ([f"warmstart.lora.init_from={adapter}"], "warmstart.lora.init_from", "fresh adapters"),
+        # the shipped warm start's actor is itself an adapter folder (cpu-demo's actor.model)
+        (on + ["actor.lora.init_from=assets/warmstart/cpu-demo/actor"],
+         "actor.lora.init_from", "is itself an adapter folder"),
+        # the extractor ("same": the actor's base) is checked against the actor's model
+        (["extractor.lora.enabled=true", "actor.model=hf:smollm2-135m", "extractor.model=same",
+          f"extractor.lora.init_from={adapter}"], "extractor.lora.init_from",
+         "not of actor.model hf:smollm2-135m"),
+    ]
+    for overrides, key, why in cases:
+        with pytest.raises(ConfigError, match=f"bad config key '{key}'") as err:
+            load_config("cpu-demo", overrides)
+        assert why in str(err.value) and "\n" not in str(err.value), (overrides, str(err.value))
+    # the matching base loads
+    cfg = load_config("cpu-demo", on + [f"actor.model=hf:{base}", f"actor.lora.init_from={adapter}"])
+    assert cfg.actor.lora.init_from == str(adapter)

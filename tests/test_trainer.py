@@ -503,7 +503,9 @@ def test_lora_trains_only_the_adapters(models, tmp_path, alternating_rewards):
     base_after = {k: v for k, v in trainer.actor.base_model.state_dict().items()
                   if "lora_" not in k}
     assert all(torch.equal(base_before[k], base_after[k]) for k in base_before)
-    # the checkpoint's actor_hf is a plain model with the adapters merged in (crl eval, crl demo)
+    # the checkpoint's actor_hf holds the adapters alone; loaded, they are merged into their
+    # base (crl eval, crl demo)
+    assert (tmp_path / "checkpoints" / "step-000001" / "actor_hf" / "adapter_config.json").exists()
     from crl_harness.models import HFBackend
 
     merged = HFBackend(str(tmp_path / "checkpoints" / "step-000001" / "actor_hf"))
@@ -513,6 +515,71 @@ def test_lora_trains_only_the_adapters(models, tmp_path, alternating_rewards):
         got = merged.model(input_ids=ids).logits
     assert not any("lora_" in k for k in merged.model.state_dict())
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_on_a_bf16_base_continues_init_from_and_resumes_from_adapter_only_checkpoints(
+        models, tmp_path, alternating_rewards):
+    from safetensors.torch import load_file
+
+    from crl_harness.config import LoRAConfig
+    from crl_harness.models import HFBackend
+    from crl_harness.training.learner import PolicyLearner
+
+    # a warm start's adapters of the actor's base, not zero (fresh ones start with lora_B = 0)
+    warm = PolicyLearner(HFBackend(str(models[0])).model, lr=1e-3, max_grad_norm=1.0,
+                         temperature=1.0, micro_batch_size=1,
+                         lora=LoRAConfig(enabled=True, r=4, alpha=8))
+    torch.manual_seed(0)
+    for name, parameter in warm.model.named_parameters():
+        if "lora_" in name:
+            parameter.data.normal_(std=0.05)
+    warm.save_adapter(tmp_path / "warm", str(models[0]))
+    warm_state = warm.trainable_state_dict()
+
+    run = tmp_path / "run"
+    lora = ["actor.dtype=bfloat16", "actor.lora.enabled=true", "actor.lr=1e-3",
+            f"actor.lora.init_from={tmp_path / 'warm'}"]
+    trainer = Trainer(load_config(None, _overrides(models, run, arm="none", steps=1) + lora))
+    start = trainer.actor.trainable_state_dict()
+    assert start.keys() == warm_state.keys()
+    assert all(torch.equal(start[k], warm_state[k]) for k in start)  # continued, not fresh
+    assert trainer.actor.dtype == torch.bfloat16
+    base_before = {k: v.clone() for k, v in trainer.actor.base_model.state_dict().items()
+                   if "lora_" not in k}
+    alternating_rewards(trainer)
+    trainer.train()
+    after = trainer.actor.trainable_state_dict()
+    assert all(v.dtype == torch.float32 for v in after.values())
+    assert any(not torch.equal(start[k], after[k]) for k in after)
+    base_after = trainer.actor.base_model.state_dict()
+    assert all(torch.equal(v, base_after[k]) for k, v in base_before.items())
+
+    # the checkpoint holds the adapters only: no copy of the base model
+    checkpoint = run / "checkpoints" / "step-000001"
+    actor_hf = checkpoint / "actor_hf"
+    assert not (actor_hf / "model.safetensors").exists()
+    saved = load_file(actor_hf / "adapter_model.safetensors")
+    assert saved and all("lora_" in k for k in saved)
+    assert json.loads((actor_hf / "adapter_config.json").read_text())[
+        "base_model_name_or_path"] == str(models[0].resolve())
+    assert all("lora_" in k for k in torch.load(checkpoint / "actor.pt")["model"])
+    assert HFBackend(str(actor_hf)).name == f"hf:{actor_hf}"  # crl eval / crl demo load it
+    exported = trainer.save_merged_actor(tmp_path / "export")
+    assert all(v.dtype == torch.float32
+               for v in load_file(exported / "model.safetensors").values())
+
+    # resume from the adapter-only checkpoint: adapters and AdamW state come back, and it trains
+    resumed = Trainer(load_config(None, _overrides(models, run, arm="none", steps=2) + lora),
+                      resume=True)
+    assert resumed.step == 1
+    state = resumed.actor.trainable_state_dict()
+    assert all(torch.equal(state[k], after[k]) for k in after)
+    assert resumed.actor.optimizer.state_dict()["state"].keys() == \
+        trainer.actor.optimizer.state_dict()["state"].keys()
+    alternating_rewards(resumed)
+    resumed.train()
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    assert (run / "checkpoints" / "step-000002" / "actor_hf" / "adapter_model.safetensors").exists()
 
 
 def test_relative_credit_reaches_the_ledger_once_per_guided_use(models, tmp_path):
