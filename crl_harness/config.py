@@ -136,6 +136,12 @@ class LoRAConfig:
     top_layers: int = 0
     """adapters only in the last N transformer layers (0: every layer); the backward pass then
     stops below them, which on a CPU is most of a step's time"""
+    init_from: Optional[str] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """a LoRA adapter folder (peft's ``adapter_config.json``, e.g. ``assets/warmstart/cpu-demo/
+    actor`` or a checkpoint's ``actor_hf``) whose adapters training continues, unmerged and
+    trainable, instead of fresh ones; its own r, alpha, dropout, target modules and layers
+    replace the ones above. The model (``actor.model``) must be that adapter's base, not the
+    adapter folder itself (which would merge it in at load); null: fresh adapters"""
 
 
 @dataclass
@@ -171,7 +177,9 @@ class ActorConfig:
     normalize_std: bool = False
     """divide subgroup advantages by the subgroup std (released: no)"""
     warmup_steps: int = 5
-    """steps during which the actor is frozen while the bank fills"""
+    """steps at the start during which the actor is not updated (released: 5, while the bank
+    fills); arm none has no bank and is never frozen. Retrieval waits for
+    ``experience.retrieval_warmup_steps``, which follows this one unless set"""
     max_grad_norm: float = 1.0
     temperature: float = 0.99
     top_p: float = 1.0
@@ -268,6 +276,12 @@ class ExperienceConfig:
     """search-and-ask: asks answered per episode (released: 2); later ones are refused"""
     max_query_chars: int = 1_000
     """search-and-ask: a longer query is cut to this many characters before it is sent"""
+    retrieval_warmup_steps: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """steps at the start during which nothing is retrieved while the bank fills: the guided
+    slots play without experience (and are distilled), no writer is credited and the extractor
+    is not trained; null: ``actor.warmup_steps`` (the released code's one warm-up for both), so
+    configs that set only that one keep their behaviour. 0 with ``actor.warmup_steps: 0``: the
+    actor trains from step 1 and guided slots retrieve once the bank holds something"""
     initial_bank: Optional[str] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """a bank export (``bank.jsonl``, e.g. a checkpoint's) whose entries a fresh run starts from;
     none: a fresh run starts with an empty bank (arm none ignores it)"""
@@ -348,6 +362,26 @@ class TrainConfig:
     @property
     def trains_extractor(self) -> bool:
         return self.arm == "co-evolve"
+
+    @property
+    def retrieval_warmup(self) -> int:
+        """Steps at the start without retrieval: ``experience.retrieval_warmup_steps``, else
+        ``actor.warmup_steps``."""
+        steps = self.experience.retrieval_warmup_steps
+        return self.actor.warmup_steps if steps is None else steps
+
+    @property
+    def actor_warmup(self) -> int:
+        """Steps at the start with the actor frozen: ``actor.warmup_steps``, 0 with arm none
+        (the freeze waits for a bank to fill, and that arm has none).
+
+        >>> cfg = load_config(None, ["actor.warmup_steps=3", "experience.retrieval_warmup_steps=1"])
+        >>> cfg.actor_warmup, cfg.retrieval_warmup
+        (3, 1)
+        >>> load_config(None, ["arm=none", "actor.warmup_steps=3"]).actor_warmup
+        0
+        """
+        return 0 if self.arm == "none" else self.actor.warmup_steps
 
 
 def _resolve_path(path: str | Path) -> Path:
@@ -567,7 +601,12 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         fail("run.torch_threads", f"must be at most {MAX_TORCH_THREADS}, got "
              f"{cfg.run.torch_threads}")
     if cfg.actor.warmup_steps < 0:
-        fail("actor.warmup_steps", "must be >= 0")
+        fail("actor.warmup_steps", f"must be >= 0 (0: the actor trains from step 1), got "
+             f"{cfg.actor.warmup_steps}")
+    if cfg.experience.retrieval_warmup_steps is not None \
+            and cfg.experience.retrieval_warmup_steps < 0:
+        fail("experience.retrieval_warmup_steps", "must be >= 0 (0: retrieve from step 1), or "
+             f"null to follow actor.warmup_steps; got {cfg.experience.retrieval_warmup_steps}")
     e = cfg.experience
     if e.candidates < e.k:
         fail("experience.candidates", f"must be >= experience.k ({e.k}), got {e.candidates}")
@@ -645,6 +684,15 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if not lora.target_modules:
             fail(f"{key}.target_modules", "is empty; name the modules that get adapters "
                  "(e.g. q_proj, v_proj)")
+    if w.lora.init_from is not None:
+        fail("warmstart.lora.init_from", "the warm start trains fresh adapters; leave it null "
+             "(actor.lora.init_from continues a warm start's adapters in RL)")
+    for learner in ("actor", "extractor"):
+        if learner == "extractor" and not cfg.trains_extractor:
+            continue
+        problem = _lora_init_problem(cfg, learner)
+        if problem is not None:
+            fail(*problem)
     if not w.model.startswith("hf:"):
         fail("warmstart.model", f"'{w.model}' cannot be fine-tuned here; use hf:NAME_OR_PATH")
     if not w.lora.enabled:
@@ -659,6 +707,67 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if overlap(warm, seeds):
             fail("warmstart.seed_offset", f"the warm-start seeds [{warm.start}, {warm.stop}) "
                  f"overlap the {name} seeds [{seeds.start}, {seeds.stop}); move one range")
+
+
+def _model_key(name: str) -> str:
+    """What ``name`` (a short name, a path, an ``assets/...`` path, a hub id) loads, as one
+    comparable string: a short name and its cached checkpoint are the same model. Nothing is
+    downloaded or converted."""
+    from crl_envs.data import cache_dir
+    from crl_harness.models.base import ModelNotFoundError
+    from crl_harness.models.registry import MODELS, resolve_model_path
+
+    if name in MODELS:
+        return str((cache_dir() / "models" / name).resolve())
+    try:
+        path = Path(resolve_model_path(name)).expanduser()
+    except ModelNotFoundError:
+        return name
+    return str(path.resolve()) if path.exists() else name
+
+
+def _lora_init_problem(cfg: TrainConfig, learner: str) -> tuple[str, str] | None:
+    """``(key, why)`` when ``{learner}.lora.init_from`` cannot be continued on that learner's
+    model: LoRA is off, the folder holds no adapters, or they were trained on another base."""
+    from crl_harness.models.base import ModelLoadError, ModelNotFoundError
+    from crl_harness.models.model_folder import adapter_base, is_adapter_folder
+    from crl_harness.models.registry import resolve_model_path
+
+    section = getattr(cfg, learner)
+    lora: LoRAConfig = section.lora
+    if lora.init_from is None:
+        return None
+    key = f"{learner}.lora.init_from"
+    if not lora.enabled:
+        return key, f"continues adapters, so {learner}.lora.enabled must be true as well"
+    try:
+        folder = Path(resolve_model_path(lora.init_from)).expanduser()
+    except ModelNotFoundError as err:
+        return key, str(err)
+    if not is_adapter_folder(folder):
+        return key, (f"{lora.init_from} is not a LoRA adapter folder (no adapter_config.json); "
+                     "give one written by crl warmstart (e.g. assets/warmstart/cpu-demo/actor) "
+                     "or a LoRA run's checkpoints/step-N/actor_hf")
+    try:
+        base = adapter_base(folder)
+    except ModelLoadError as err:
+        return key, str(err)
+    spec = cfg.actor.model if learner == "extractor" and cfg.extractor.model == "same" \
+        else section.model
+    model = spec.removeprefix("hf:")
+    model_key = f"{learner}.model" if spec == section.model else "actor.model"
+    try:
+        model_is_adapter = is_adapter_folder(Path(resolve_model_path(model)).expanduser())
+    except ModelNotFoundError:
+        model_is_adapter = False
+    if model_is_adapter:
+        return key, (f"{model_key} {spec} is itself an adapter folder (merged into its base at "
+                     f"load, so the adapters would count twice); with {key} give the base: "
+                     f"{model_key}=hf:{base}")
+    if _model_key(base) != _model_key(model):
+        return key, (f"{lora.init_from} holds adapters of {base}, not of {model_key} {spec}; "
+                     f"set {model_key}=hf:{base} or give adapters of {model}")
+    return None
 
 
 def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
@@ -677,6 +786,8 @@ def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
     for learner in learners:
         lora: LoRAConfig = getattr(cfg, learner).lora
         if not lora.enabled or (learner == "extractor" and not cfg.trains_extractor):
+            continue
+        if lora.init_from is not None:  # its own adapter_config.json fixes the shape (load time)
             continue
         path = resolve_model_path(specs[learner].removeprefix("hf:"))
         if is_adapter_folder(Path(path)):  # adapters are merged into their base first
@@ -702,7 +813,7 @@ def updated_lesson_steps(cfg: TrainConfig) -> int:
     """The steps of a run that can retrieve lessons written after the extractor's first update,
     at the earliest (0: training the extractor cannot reach the actor before the run ends).
 
-    Entries are first retrieved, and their writers credited, in step ``warmup_steps + 1`` (a
+    Entries are first retrieved, and their writers credited, in step ``retrieval_warmup + 1`` (a
     fresh bank without ``experience.initial_bank`` fills in step 1 first); a step credits at
     most ``groups_per_step * guided_per_group * k`` generations, so ``train_after`` of them are
     waiting by step ``u``; the distillations of step ``u + 1`` use the update, and what they
@@ -713,7 +824,7 @@ def updated_lesson_steps(cfg: TrainConfig) -> int:
     2
     """
     t = cfg.tasks
-    first = cfg.actor.warmup_steps + 1
+    first = cfg.retrieval_warmup + 1
     if cfg.experience.initial_bank is None:
         first = max(first, 2)
     per_step = t.groups_per_step * t.guided_per_group * cfg.experience.k

@@ -17,9 +17,11 @@ Holds ``Trainer``. One step:
 7. push the new weights to the rollout backend (a no-op in one process: the learners train the
    backends' own models), log metrics, checkpoint every ``checkpoint_every`` steps.
 
-Warm-up, the first ``actor.warmup_steps`` steps, as in the released code: the actor is frozen
-and nothing is retrieved while the bank fills. The guided half of each group plays without
-experience (so nothing is credited and the extractor is not trained) and is still distilled.
+Two warm-ups, one by default as in the released code. Retrieval warm-up, the first
+``experience.retrieval_warmup_steps`` steps (null: ``actor.warmup_steps``): nothing is retrieved
+while the bank fills; the guided half of each group plays without experience (so nothing is
+credited and the extractor is not trained) and is still distilled. Actor warm-up, the first
+``actor.warmup_steps`` steps: the actor is frozen (never in arm ``none``, which has no bank).
 
 The released code's switches (``experience.actor_critic_gate``, ``experience.search_and_ask``)
 add actor turns to the guided rollouts of step 2 (the gate's verdict, the asks), trained in step 3
@@ -253,10 +255,11 @@ class Trainer:
         times["flush"] = time.perf_counter() - t0
 
         # 2. Rollouts: G per task seed, the first guided_per_group of each group with experience
-        #    (after warm-up: during it nothing is retrieved).
-        warming_up = step <= cfg.actor.warmup_steps
+        #    (after the retrieval warm-up: during it nothing is retrieved).
+        retrieving = step > cfg.retrieval_warmup
+        actor_frozen = step <= cfg.actor_warmup
         t0 = time.perf_counter()
-        specs = self._episode_specs(step, retrieve=not warming_up)
+        specs = self._episode_specs(step, retrieve=retrieving)
         results = self.rollouts.run(specs)
         trajectories = [t for t in results if not t.error]
         times["rollout"] = time.perf_counter() - t0
@@ -265,7 +268,7 @@ class Trainer:
 
         # 3. Finished trajectories of the guided slots go to the Experience Manager at once: their
         #    distillation runs in the background while the actor trains (PAPER.md's two loops);
-        #    during warm-up they played without experience, and fill the bank.
+        #    during the retrieval warm-up they played without experience, and fill the bank.
         if self.experience is not None:
             G, guided = cfg.tasks.group_size, cfg.tasks.guided_per_group
             self.experience.submit([
@@ -273,10 +276,10 @@ class Trainer:
                                     list(t.experience_ids), step)
                 for i, t in enumerate(results) if i % G < guided and not t.error])
 
-        # 4. Actor: GRPO with advantages inside each subgroup, frozen during warm-up.
+        # 4. Actor: GRPO with advantages inside each subgroup, frozen during its warm-up.
         t0 = time.perf_counter()
         actor_stats = None
-        if not warming_up:
+        if not actor_frozen:
             actor_stats = self.actor.update(
                 self._actor_rows(trajectories),
                 functools.partial(grpo_loss, clip_eps=cfg.actor.clip_eps))
@@ -286,7 +289,7 @@ class Trainer:
         #    that used what it wrote so far; it waits, still collecting credit, until trained.
         t0 = time.perf_counter()
         extractor_stats = None
-        if self.experience is not None and not warming_up:
+        if self.experience is not None and retrieving:
             extractor_stats = self._extractor_step()
         times["extractor_update"] = time.perf_counter() - t0
 
@@ -301,7 +304,9 @@ class Trainer:
         times["sync"] = time.perf_counter() - t0
         self._check_logprob_gap(actor_stats, extractor_stats)
         metrics = self._step_metrics(trajectories, actor_stats, extractor_stats, times)
-        metrics["actor/warmup"] = float(warming_up)
+        metrics["actor/warmup"] = float(actor_frozen)
+        if self.experience is not None:
+            metrics["experience/warmup"] = float(not retrieving)
         return metrics
 
     def _check_logprob_gap(self, *stats: UpdateStats | None) -> None:
@@ -495,13 +500,44 @@ class Trainer:
         bank_entries = self.experience.export_state(directory) if self.experience else 0
         torch.save({"rng": rng_state(), "awaiting_training": self.awaiting_training},
                    directory / "trainer_state.pt")
-        # A plain transformers checkpoint of the actor, so `crl eval hf:DIR` can load it.
-        self.actor.save_merged(directory / "actor_hf")
+        # The actor for `crl eval hf:DIR`: its LoRA adapters alone (fp32, megabytes; loaded
+        # merged into their base) when its base is a plain model, else a plain transformers
+        # checkpoint (full fine-tuning, or fresh adapters on an adapter folder merged at load).
+        base = self._actor_adapter_base()
+        if base is not None:
+            self.actor.save_adapter(directory / "actor_hf", base)
+        else:
+            self.actor.save_merged(directory / "actor_hf")
         self.tokenizer.save_pretrained(directory / "actor_hf")
         (directory / "state.json").write_text(json.dumps({
             "step": self.step, "name": self.cfg.name, "arm": self.cfg.arm,
             "bank_entries": bank_entries, "counters": dict(self.counters),
         }, indent=2))
+
+    def _actor_adapter_base(self) -> str | None:
+        """The base model a checkpoint's actor adapters name (``actor.model``: a short name or
+        a shipped ``assets/...`` path as written, another local path made absolute), or None
+        when the actor trains no adapters or its model is an adapter folder merged at load."""
+        from crl_harness.models.model_folder import is_adapter_folder
+        from crl_harness.models.registry import MODELS, resolve_model_path
+
+        if self.actor.lora is None:
+            return None
+        name = self.cfg.actor.model.removeprefix("hf:")
+        path = Path(resolve_model_path(name)).expanduser()
+        if is_adapter_folder(path):
+            return None
+        if name in MODELS or name.startswith("assets/") or not path.exists():
+            return name
+        return str(path.resolve())
+
+    def save_merged_actor(self, directory: Path) -> Path:
+        """Export the actor as one plain transformers model, LoRA adapters merged in fp32
+        (``crl eval`` and vLLM read it without peft)."""
+        directory = Path(directory)
+        self.actor.save_merged(directory)
+        self.tokenizer.save_pretrained(directory)
+        return directory
 
     def _checkpoint_to_resume(self) -> Path:
         checkpoint = self.checkpoints.latest()

@@ -232,3 +232,94 @@ def test_updated_lessons_are_retrieved_in_two_steps_of_cpu_demo():
     # train_after waits for generations from several steps: 8 at 4 a step take two
     assert updated_lesson_steps(load_config("cpu-demo", ["extractor.train_after=8"])) == 1
     assert updated_lesson_steps(load_config("cpu-demo", ["actor.warmup_steps=3"])) == 0
+    # the lessons wait for the retrieval warm-up, not the actor's
+    assert updated_lesson_steps(load_config("cpu-demo", [
+        "actor.warmup_steps=3", "experience.retrieval_warmup_steps=1"])) == 2
+
+
+def test_retrieval_warmup_follows_the_actor_warmup_unless_set():
+    cfg = load_config("cpu-demo")  # sets actor.warmup_steps: 1 only
+    assert cfg.experience.retrieval_warmup_steps is None
+    assert (cfg.actor_warmup, cfg.retrieval_warmup) == (1, 1)
+    cfg = load_config("cpu-demo", ["actor.warmup_steps=0", "experience.retrieval_warmup_steps=2"])
+    assert (cfg.actor_warmup, cfg.retrieval_warmup) == (0, 2)
+    # arm none has no bank to wait for: its actor is never frozen
+    assert load_config("cpu-demo", ["arm=none", "actor.warmup_steps=3"]).actor_warmup == 0
+
+
+@pytest.mark.parametrize("override, key", [
+    ("experience.retrieval_warmup_steps=-1", "experience.retrieval_warmup_steps"),
+    ("experience.retrieval_warmup_steps=two", "experience.retrieval_warmup_steps"),
+    ("actor.warmup_steps=-2", "actor.warmup_steps"),
+    ("tasks.envs.0.kwargs={penalty_step: -2}", "tasks.envs.0.kwargs"),
+    ("tasks.envs.0.kwargs={penalty_step: 0.05}", "tasks.envs.0.kwargs"),
+])
+def test_hardening_bad_warmup_and_wall_penalty_are_one_config_error(override, key):
+    with pytest.raises(ConfigError, match=f"bad config key '{key}'") as err:
+        load_config("cpu-demo", [override])
+    assert "\n" not in str(err.value)
+
+
+def test_a_signal_shape_is_expressible_by_config():
+    """Issue 32's training shape: 32 episodes a step in groups of 8 (4 guided + 4 free), no std
+    division, a wall penalty that breaks ties (-0.05), the actor trained from step 1."""
+    shape = ["tasks.groups_per_step=4", "tasks.group_size=8", "tasks.guided_per_group=4",
+             "actor.normalize_std=false", "actor.warmup_steps=0",
+             "experience.retrieval_warmup_steps=1",
+             "tasks.envs.0.kwargs={variant: dark, max_episode_steps: 6, penalty_step: -0.05}"]
+    cfg = load_config("cpu-demo", shape)
+    t = cfg.tasks
+    assert (t.groups_per_step * t.group_size, t.group_size, t.guided_per_group) == (32, 8, 4)
+    assert t.envs[0].kwargs["penalty_step"] == -0.05 and not cfg.actor.normalize_std
+    assert (cfg.actor_warmup, cfg.retrieval_warmup) == (0, 1)
+
+
+def _adapter_folder(folder: Path, base: str) -> Path:
+    """What the config checks of an adapter folder: peft's config naming the base, weights."""
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(f'{{"base_model_name_or_path": "{base}"}}')
+    (folder / "adapter_model.safetensors").write_bytes(b"")
+    return folder
+
+
+def test_lora_init_from_the_shipped_warm_start_on_its_base_loads():
+    cfg = load_config("cpu-demo", ["actor.model=hf:smollm2-135m", "actor.lora.enabled=true",
+                                   "actor.lora.init_from=assets/warmstart/cpu-demo/actor",
+                                   "actor.dtype=bfloat16"])
+    assert cfg.actor.lora.init_from == "assets/warmstart/cpu-demo/actor"
+    assert cfg.extractor.lora.init_from is None
+
+
+def test_hardening_lora_init_from_that_cannot_continue_is_one_config_error(tmp_path):
+    base, other = tmp_path / "base", tmp_path / "other"
+    base.mkdir()
+    other.mkdir()
+    adapter = _adapter_folder(tmp_path / "adapter", str(base))
+    on = ["actor.lora.enabled=true"]
+    cases = [
+        (on + [f"actor.model=hf:{base}", f"actor.lora.init_from={tmp_path / 'none'}"],
+         "actor.lora.init_from", "not a LoRA adapter folder"),
+        (on + [f"actor.model=hf:{base}", f"actor.lora.init_from={other}"],
+         "actor.lora.init_from", "not a LoRA adapter folder"),
+        (on + [f"actor.model=hf:{other}", f"actor.lora.init_from={adapter}"],
+         "actor.lora.init_from", f"holds adapters of {base}, not of actor.model"),
+        (on + [f"actor.model=hf:{adapter}", f"actor.lora.init_from={adapter}"],
+         "actor.lora.init_from", "is itself an adapter folder"),
+        ([f"actor.model=hf:{base}", f"actor.lora.init_from={adapter}"],
+         "actor.lora.init_from", "actor.lora.enabled must be true"),
+        ([f"warmstart.lora.init_from={adapter}"], "warmstart.lora.init_from", "fresh adapters"),
+        # the shipped warm start's actor is itself an adapter folder (cpu-demo's actor.model)
+        (on + ["actor.lora.init_from=assets/warmstart/cpu-demo/actor"],
+         "actor.lora.init_from", "is itself an adapter folder"),
+        # the extractor ("same": the actor's base) is checked against the actor's model
+        (["extractor.lora.enabled=true", "actor.model=hf:smollm2-135m", "extractor.model=same",
+          f"extractor.lora.init_from={adapter}"], "extractor.lora.init_from",
+         "not of actor.model hf:smollm2-135m"),
+    ]
+    for overrides, key, why in cases:
+        with pytest.raises(ConfigError, match=f"bad config key '{key}'") as err:
+            load_config("cpu-demo", overrides)
+        assert why in str(err.value) and "\n" not in str(err.value), (overrides, str(err.value))
+    # the matching base loads
+    cfg = load_config("cpu-demo", on + [f"actor.model=hf:{base}", f"actor.lora.init_from={adapter}"])
+    assert cfg.actor.lora.init_from == str(adapter)

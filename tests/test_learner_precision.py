@@ -181,3 +181,77 @@ def test_lora_save_merged_keeps_biases_and_matches_the_adapted_model(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
     assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+
+
+def _warm_adapter(tiny, folder) -> dict[str, torch.Tensor]:
+    """LoRA adapters of the tiny model with non-zero weights (a fresh lora_B is 0, which a
+    fresh start would also give), saved to ``folder`` as a warm start writes them."""
+    from crl_harness.config import LoRAConfig
+
+    backend = HFBackend(tiny, dtype="float32", device="cpu")
+    learner = _learner(backend, lora=LoRAConfig(enabled=True, r=4, alpha=8))
+    torch.manual_seed(1)
+    for name, parameter in learner.model.named_parameters():
+        if "lora_" in name:
+            parameter.data.normal_(std=0.05)
+    learner.save_adapter(folder, str(tiny))
+    return learner.trainable_state_dict()
+
+
+def test_lora_init_from_continues_the_given_adapters_fp32_on_a_bf16_base(tiny, tmp_path):
+    from crl_harness.config import LoRAConfig
+
+    warm = _warm_adapter(tiny, tmp_path / "warm")
+    backend, rows = _sampled(tiny, "bfloat16")
+    base_before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    learner = _learner(backend, lora=LoRAConfig(enabled=True, r=16,  # its own r=4 wins
+                                                init_from=str(tmp_path / "warm")))
+    # the warm adapters, unmerged and trainable, not fresh ones; fp32 on the bf16 base
+    start = learner.trainable_state_dict()
+    assert start.keys() == warm.keys() and all(torch.equal(start[k], warm[k]) for k in warm)
+    assert learner.dtype == torch.bfloat16 and learner.parameters
+    assert all(m is p and p.dtype == torch.float32 and p.requires_grad and "lora_" in n
+               for (n, p), m in zip(((n, p) for n, p in learner.model.named_parameters()
+                                     if p.requires_grad), learner.masters, strict=True))
+    learner.optimizer.param_groups[0]["lr"] = 1e-3
+    stats = learner.update(rows, grpo_loss)
+    assert stats.rows == 4 and stats.grad_norm > 0
+    after = learner.trainable_state_dict()
+    assert any(not torch.equal(start[k], after[k]) for k in after)
+    assert all(t.dtype == torch.float32 for s in learner.optimizer.state.values()
+               for t in s.values() if t.dim())  # AdamW's moments are fp32 too
+    base_after = {k.replace(".base_layer", ""): v
+                  for k, v in learner.base_model.state_dict().items() if "lora_" not in k}
+    assert base_after.keys() == base_before.keys()
+    assert all(v.dtype == torch.bfloat16 and torch.equal(base_before[k], v)
+               for k, v in base_after.items() if v.is_floating_point())
+
+
+def test_lora_adapter_save_is_small_and_the_merged_export_is_fp32(tiny, tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    from crl_harness.config import LoRAConfig
+
+    _warm_adapter(tiny, tmp_path / "warm")
+    backend = HFBackend(tiny, dtype="bfloat16", device="cpu")
+    learner = _learner(backend, lora=LoRAConfig(enabled=True, init_from=str(tmp_path / "warm")))
+    learner.save_adapter(tmp_path / "adapter", "tiny-base")
+    assert not (tmp_path / "adapter" / "model.safetensors").exists()
+    saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert saved and all("lora_" in k and v.dtype == torch.float32 for k, v in saved.items())
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "tiny-base" and config["r"] == 4
+
+    learner.save_merged(tmp_path / "merged")
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    assert all(v.dtype == torch.float32 for v in merged.values() if v.is_floating_point())
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["dtype"] == "float32"
+    # an adapted weight is the bf16 base, upcast, plus the fp32 delta (not rounded to bf16)
+    q_proj = learner.model.get_base_model().model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        expected = q_proj.get_base_layer().weight.float() + q_proj.get_delta_weight("default")
+    torch.testing.assert_close(merged["model.layers.0.self_attn.q_proj.weight"], expected,
+                               atol=0, rtol=0)
+    assert not torch.equal(expected.to(torch.bfloat16).float(), expected)

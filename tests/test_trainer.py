@@ -320,6 +320,8 @@ def test_warmup_retrieves_nothing_and_trains_neither_model(models, tmp_path):
     Trainer(cfg).train()
     warmup, after = read_metrics(tmp_path / "metrics.jsonl")
     assert warmup["actor/warmup"] == 1.0 and after["actor/warmup"] == 0.0
+    # null experience.retrieval_warmup_steps: the retrieval warm-up follows the actor's
+    assert warmup["experience/warmup"] == 1.0 and after["experience/warmup"] == 0.0
     # Step 1: no rollout retrieved (so no "guided" success), nothing trained or credited.
     assert math.isnan(warmup["experience/retrieved_per_guided"])
     assert math.isnan(warmup["success/guided"]) and warmup["rollout/episodes"] == 8
@@ -331,6 +333,56 @@ def test_warmup_retrieves_nothing_and_trains_neither_model(models, tmp_path):
     # The guided slots of step 1 were still distilled (the bank fills during warm-up).
     assert after["extractor/distillations"] >= 4
     assert after["experience/retrieved_per_guided"] == 1.0 and "loss/actor" in after
+
+
+def test_retrieval_warmup_is_separate_from_the_actor_freeze(models, tmp_path,
+                                                           alternating_rewards):
+    """``experience.retrieval_warmup_steps=1`` with ``actor.warmup_steps=0``: step 1 retrieves
+    nothing and credits nothing, yet the actor trains; step 2 retrieves."""
+    _, initial_bank = _seed_bank(tmp_path)
+    cfg = load_config(None, _overrides(models, tmp_path) + [
+        "actor.warmup_steps=0", "experience.retrieval_warmup_steps=1", initial_bank])
+    assert (cfg.actor_warmup, cfg.retrieval_warmup) == (0, 1)
+    trainer = Trainer(cfg)
+    alternating_rewards(trainer)  # reward variance in every subgroup, so the actor has rows
+    trainer.train()
+    first, second = read_metrics(tmp_path / "metrics.jsonl")
+    assert first["actor/warmup"] == 0.0 and first["experience/warmup"] == 1.0
+    assert "loss/actor" in first and first["grad_norm/actor"] > 0
+    assert math.isnan(first["experience/retrieved_per_guided"])
+    assert first.get("extractor/generations_rewarded", 0.0) == 0.0
+    assert second["experience/warmup"] == 0.0
+    assert second["experience/retrieved_per_guided"] == 1.0 and "loss/actor" in second
+
+
+@pytest.mark.parametrize("arm, guided", [("co-evolve", 4), ("static", 4), ("none", 0)])
+def test_a_step_of_32_episodes_in_groups_of_8_is_4_guided_and_4_free(arm, guided):
+    """Issue 32's shape, from the config alone (no model): 4 groups of 8 a step, the first 4 of
+    each group guided; with arm none all 8 free."""
+    from crl_harness.training.sampler import TaskSampler
+
+    cfg = load_config("cpu-demo", [f"arm={arm}", "tasks.groups_per_step=4",
+                                   "tasks.group_size=8", "tasks.guided_per_group=4"])
+    trainer = Trainer.__new__(Trainer)  # only the spec builder: no run folder, no models
+    trainer.cfg, trainer.sampler = cfg, TaskSampler(cfg.tasks, cfg.run.seed)
+    specs = trainer._episode_specs(1)
+    assert len(specs) == 32
+    for group in range(4):
+        members = [s for s in specs if s.group_id == group]
+        assert len(members) == 8 and len({(s.env_id, s.seed) for s in members}) == 1
+        assert [s.use_experience for s in members] == [True] * guided + [False] * (8 - guided)
+    # during the retrieval warm-up every slot plays free, in every arm
+    assert not any(s.use_experience for s in trainer._episode_specs(2, retrieve=False))
+
+
+def test_arm_none_is_never_frozen_by_the_warmup(models, tmp_path, alternating_rewards):
+    cfg = load_config(None, _overrides(models, tmp_path, arm="none", steps=1)
+                      + ["actor.warmup_steps=3"])
+    trainer = Trainer(cfg)
+    alternating_rewards(trainer)
+    metrics = trainer.train()
+    assert metrics["actor/warmup"] == 0.0 and "experience/warmup" not in metrics
+    assert "loss/actor" in metrics and metrics["grad_norm/actor"] > 0
 
 
 def test_bf16_run_on_cpu_updates_every_weight_at_lr_1e_6_with_ratios_one(models, tmp_path):
@@ -451,7 +503,9 @@ def test_lora_trains_only_the_adapters(models, tmp_path, alternating_rewards):
     base_after = {k: v for k, v in trainer.actor.base_model.state_dict().items()
                   if "lora_" not in k}
     assert all(torch.equal(base_before[k], base_after[k]) for k in base_before)
-    # the checkpoint's actor_hf is a plain model with the adapters merged in (crl eval, crl demo)
+    # the checkpoint's actor_hf holds the adapters alone; loaded, they are merged into their
+    # base (crl eval, crl demo)
+    assert (tmp_path / "checkpoints" / "step-000001" / "actor_hf" / "adapter_config.json").exists()
     from crl_harness.models import HFBackend
 
     merged = HFBackend(str(tmp_path / "checkpoints" / "step-000001" / "actor_hf"))
@@ -461,6 +515,71 @@ def test_lora_trains_only_the_adapters(models, tmp_path, alternating_rewards):
         got = merged.model(input_ids=ids).logits
     assert not any("lora_" in k for k in merged.model.state_dict())
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_on_a_bf16_base_continues_init_from_and_resumes_from_adapter_only_checkpoints(
+        models, tmp_path, alternating_rewards):
+    from safetensors.torch import load_file
+
+    from crl_harness.config import LoRAConfig
+    from crl_harness.models import HFBackend
+    from crl_harness.training.learner import PolicyLearner
+
+    # a warm start's adapters of the actor's base, not zero (fresh ones start with lora_B = 0)
+    warm = PolicyLearner(HFBackend(str(models[0])).model, lr=1e-3, max_grad_norm=1.0,
+                         temperature=1.0, micro_batch_size=1,
+                         lora=LoRAConfig(enabled=True, r=4, alpha=8))
+    torch.manual_seed(0)
+    for name, parameter in warm.model.named_parameters():
+        if "lora_" in name:
+            parameter.data.normal_(std=0.05)
+    warm.save_adapter(tmp_path / "warm", str(models[0]))
+    warm_state = warm.trainable_state_dict()
+
+    run = tmp_path / "run"
+    lora = ["actor.dtype=bfloat16", "actor.lora.enabled=true", "actor.lr=1e-3",
+            f"actor.lora.init_from={tmp_path / 'warm'}"]
+    trainer = Trainer(load_config(None, _overrides(models, run, arm="none", steps=1) + lora))
+    start = trainer.actor.trainable_state_dict()
+    assert start.keys() == warm_state.keys()
+    assert all(torch.equal(start[k], warm_state[k]) for k in start)  # continued, not fresh
+    assert trainer.actor.dtype == torch.bfloat16
+    base_before = {k: v.clone() for k, v in trainer.actor.base_model.state_dict().items()
+                   if "lora_" not in k}
+    alternating_rewards(trainer)
+    trainer.train()
+    after = trainer.actor.trainable_state_dict()
+    assert all(v.dtype == torch.float32 for v in after.values())
+    assert any(not torch.equal(start[k], after[k]) for k in after)
+    base_after = trainer.actor.base_model.state_dict()
+    assert all(torch.equal(v, base_after[k]) for k, v in base_before.items())
+
+    # the checkpoint holds the adapters only: no copy of the base model
+    checkpoint = run / "checkpoints" / "step-000001"
+    actor_hf = checkpoint / "actor_hf"
+    assert not (actor_hf / "model.safetensors").exists()
+    saved = load_file(actor_hf / "adapter_model.safetensors")
+    assert saved and all("lora_" in k for k in saved)
+    assert json.loads((actor_hf / "adapter_config.json").read_text())[
+        "base_model_name_or_path"] == str(models[0].resolve())
+    assert all("lora_" in k for k in torch.load(checkpoint / "actor.pt")["model"])
+    assert HFBackend(str(actor_hf)).name == f"hf:{actor_hf}"  # crl eval / crl demo load it
+    exported = trainer.save_merged_actor(tmp_path / "export")
+    assert all(v.dtype == torch.float32
+               for v in load_file(exported / "model.safetensors").values())
+
+    # resume from the adapter-only checkpoint: adapters and AdamW state come back, and it trains
+    resumed = Trainer(load_config(None, _overrides(models, run, arm="none", steps=2) + lora),
+                      resume=True)
+    assert resumed.step == 1
+    state = resumed.actor.trainable_state_dict()
+    assert all(torch.equal(state[k], after[k]) for k in after)
+    assert resumed.actor.optimizer.state_dict()["state"].keys() == \
+        trainer.actor.optimizer.state_dict()["state"].keys()
+    alternating_rewards(resumed)
+    resumed.train()
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    assert (run / "checkpoints" / "step-000002" / "actor_hf" / "adapter_model.safetensors").exists()
 
 
 def test_relative_credit_reaches_the_ledger_once_per_guided_use(models, tmp_path):

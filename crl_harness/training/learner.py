@@ -25,6 +25,7 @@ to the learner's is reported.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,9 +92,17 @@ class UpdateStats:
 
 
 def apply_lora(model: Any, lora: LoRAConfig) -> Any:
-    """Inject LoRA adapters (peft) into ``model`` in place; only they stay trainable."""
-    from peft import LoraConfig, get_peft_model
+    """Inject LoRA adapters (peft) into ``model`` in place; only they stay trainable, in fp32
+    whatever the model's dtype. ``lora.init_from``: the adapters of that folder, unmerged and
+    trainable (their own shape), else fresh ones of ``lora``'s shape."""
+    from peft import LoraConfig, PeftModel, get_peft_model
 
+    if lora.init_from is not None:
+        from crl_harness.models.registry import resolve_model_path
+
+        peft_model = PeftModel.from_pretrained(model, resolve_model_path(lora.init_from),
+                                               is_trainable=True)
+        return _adapters_in_fp32(peft_model)
     layers = None
     if lora.top_layers:
         total = model.config.num_hidden_layers
@@ -103,7 +112,18 @@ def apply_lora(model: Any, lora: LoRAConfig) -> Any:
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
                         layers_to_transform=layers)
-    return get_peft_model(model, config)
+    return _adapters_in_fp32(get_peft_model(model, config))
+
+
+def _adapters_in_fp32(peft_model: Any) -> Any:
+    """The trainable adapters in fp32 (peft already upcasts those of a bf16/fp16 base; this
+    makes it a guarantee): they are their own AdamW masters, and a small update is not
+    rounded away as it would be in bf16."""
+    with torch.no_grad():
+        for parameter in peft_model.parameters():
+            if parameter.requires_grad and parameter.dtype != torch.float32:
+                parameter.data = parameter.data.float()
+    return peft_model
 
 
 class PolicyLearner:
@@ -267,11 +287,12 @@ class PolicyLearner:
         return {p.data_ptr(): m for p, m in self._copies}
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's weights as a plain transformers state dict, what a separate sampler (a
-        vLLM engine) or an export needs: fp32 masters where the model holds a rounded copy, and
-        with LoRA each adapted weight as base + delta, added in fp32 (the model itself is left
-        untouched: merging in place and back would round its base weights). Tensors may share
-        storage with the model; do not write to them."""
+        """The model's weights as a plain transformers state dict in fp32, what a separate
+        sampler (a vLLM engine) or an export needs: fp32 masters where the model holds a rounded
+        copy, and with LoRA each adapted weight as base + delta added in fp32 (merged in bf16,
+        each weight would be rounded after its update; the model itself is left untouched, as
+        merging in place and back would round its base weights). Tensors may share storage with
+        the model; do not write to them."""
         masters = self._masters_by_storage()
         if self.lora is None:
             return {k: masters.get(v.data_ptr(), v) for k, v in self.model.state_dict().items()}
@@ -279,7 +300,8 @@ class PolicyLearner:
 
         base = self.model.get_base_model()
         # peft wraps each adapted layer: its weight and bias live under `base_layer`
-        state = {name.replace(".base_layer.", "."): tensor
+        state = {name.replace(".base_layer.", "."): tensor.float() if tensor.is_floating_point()
+                 else tensor
                  for name, tensor in base.state_dict().items() if "lora_" not in name}
         with torch.no_grad():
             for name, module in base.named_modules():
@@ -291,9 +313,30 @@ class PolicyLearner:
         return state
 
     def save_merged(self, directory: Path) -> None:
-        """Save the model as a plain transformers checkpoint (``merged_state_dict``)."""
+        """Save the model as a plain fp32 transformers checkpoint (``merged_state_dict``)."""
         base = self.model.get_base_model() if self.lora is not None else self.model
         base.save_pretrained(directory, state_dict=self.merged_state_dict())
+        config_file = Path(directory) / "config.json"
+        config = json.loads(config_file.read_text())
+        for key in ("torch_dtype", "dtype"):  # the tensors are fp32 whatever the live model's
+            if key in config:
+                config[key] = "float32"
+        config_file.write_text(json.dumps(config, indent=2))
+
+    def save_adapter(self, directory: Path, base_model: str) -> None:
+        """Save the LoRA adapters alone, fp32 (peft's ``adapter_config.json`` and
+        ``adapter_model.safetensors``: megabytes), naming ``base_model`` as their base, so
+        ``hf:DIRECTORY`` loads them merged into it (``HFBackend``) and ``lora.init_from``
+        continues them."""
+        if self.lora is None:
+            raise ValueError("save_adapter: this learner trains the whole model, not adapters; "
+                             "use save_merged")
+        self.model.save_pretrained(directory)
+        config_file = Path(directory) / "adapter_config.json"
+        config = json.loads(config_file.read_text())
+        config["base_model_name_or_path"] = base_model
+        config["inference_mode"] = True
+        config_file.write_text(json.dumps(config, indent=2))
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """What changes in training: the whole model's weights, or only the LoRA adapters;
