@@ -25,7 +25,7 @@ from crl_harness.eval import PairedDifference, paired_difference
 
 __all__ = ["evaluate_levels", "paired", "model_hash", "default_cache"]
 
-_CACHE_FORMAT = 1  # bump when what a cached outcome means changes
+_CACHE_FORMAT = 2  # bump when what a cached outcome means changes (2: the dtype in the key)
 
 
 def default_cache() -> Path:
@@ -73,13 +73,14 @@ def paired(a: dict[int, bool], b: dict[int, bool]) -> PairedDifference:
 
 
 def evaluate_levels(cfg: Any, actor: str, cases: dict[str, tuple[list[int], bool]], out: Path,
-                    *, bank: Path | None = None,
-                    cache: Path | None = None) -> dict[str, dict[int, bool]]:
+                    *, bank: Path | None = None, cache: Path | None = None,
+                    dtype: str = "auto") -> dict[str, dict[int, bool]]:
     """Greedy episodes of ``actor`` on the env of ``cfg`` (a ``TrainConfig``; its first env and
     kwargs), one per level, for every case (name: its seeds and whether its episodes retrieve
     from ``bank``): each case's outcome by seed. The cases played now are one batch, and each
     gets a report under ``out/NAME/report.json``; with ``cache`` (a folder), the outcomes of a
-    case without the bank are read from it when there, and written to it once played."""
+    case without the bank are read from it when there, and written to it once played. ``dtype``:
+    the weights' dtype of an ``hf:`` actor (part of the cache key)."""
     from crl_harness.eval import episode_specs, evaluate, write_report
     from crl_harness.rollout import RolloutConfig
 
@@ -94,7 +95,8 @@ def evaluate_levels(cfg: Any, actor: str, cases: dict[str, tuple[list[int], bool
             return None
         key = json.dumps({"format": _CACHE_FORMAT, "model": fingerprint, "env_id": entry.id,
                           "env_kwargs": dict(entry.kwargs), "seeds": seeds,
-                          "max_new_tokens": rollout.max_new_tokens, "history": rollout.history},
+                          "max_new_tokens": rollout.max_new_tokens, "history": rollout.history,
+                          "dtype": dtype},
                          sort_keys=True, default=str)
         return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
@@ -122,7 +124,13 @@ def evaluate_levels(cfg: Any, actor: str, cases: dict[str, tuple[list[int], bool
             specs.append(replace(spec, group_id=len(specs)))
             case_of.append(name)
     try:
-        trajectories = evaluate(actor, specs, retriever=retriever, rollout=rollout)
+        backend = None
+        if actor.startswith("hf:"):
+            from crl_harness.models import load_backend
+
+            backend = load_backend(actor, dtype=dtype)
+        trajectories = evaluate(actor, specs, backend=backend, retriever=retriever,
+                                rollout=rollout)
     finally:
         if manager is not None:
             manager.close()

@@ -59,6 +59,17 @@ def _resolve_device(torch: Any, device: str) -> str:
     return device
 
 
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX-BF16, from Linux's
+    ``/proc/cpuinfo``), where a bf16 model runs about twice as fast as fp32; without them torch
+    emulates bf16, slower than fp32. False where the flags cannot be read."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def sample_next_token(logits: Any, temperature: float, top_p: float, generator: Any = None):
     """Sample one token per row of ``logits`` and return ``(token_ids, logprobs)``.
 
