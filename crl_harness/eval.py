@@ -458,18 +458,22 @@ def write_report(path: str | Path, trajectories: Sequence[Trajectory],
 
 
 def plot_success(path: str | Path, summaries: Sequence[EnvSummary], title: str = "") -> None:
-    """Bar chart of success rate per env with the 95% interval as error bars."""
+    """Bar chart of success rate per env with the 95% interval as error bars; an env none of
+    whose episodes ran (every one an env error) gets no bar, and the word "error"."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = [s.env_id.removeprefix("CRL/") for s in summaries]
-    rates = [100 * s.success_rate for s in summaries]
-    errors = [[100 * (s.success_rate - s.ci_low) for s in summaries],
-              [100 * (s.ci_high - s.success_rate) for s in summaries]]
+    rates = [100 * s.success_rate if s.episodes else 0.0 for s in summaries]
+    errors = [[100 * (s.success_rate - s.ci_low) if s.episodes else 0.0 for s in summaries],
+              [100 * (s.ci_high - s.success_rate) if s.episodes else 0.0 for s in summaries]]
     fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 1), 3.6))
     ax.bar(names, rates, yerr=errors, capsize=4, color="#4878d0")
+    for index, summary in enumerate(summaries):
+        if not summary.episodes:
+            ax.text(index, 2, "error", ha="center", va="bottom", color="#c0392b")
     ax.set_ylim(0, 105)
     ax.set_ylabel("success rate (%)")
     ax.set_title(title)
@@ -480,7 +484,8 @@ def plot_success(path: str | Path, summaries: Sequence[EnvSummary], title: str =
 
 
 def render_table(summaries: Sequence[EnvSummary], title: str = "") -> Any:
-    """A rich ``Table`` with one row per env."""
+    """A rich ``Table`` with one row per env; an env none of whose episodes ran reads "error"
+    (not a 0% success rate with a 0-100% interval)."""
     from rich.table import Table
 
     table = Table(title=title)
@@ -488,6 +493,9 @@ def render_table(summaries: Sequence[EnvSummary], title: str = "") -> Any:
                    "format fail", "tokens", "errors"):
         table.add_column(column, justify="left" if column == "env" else "right")
     for s in summaries:
+        if not s.episodes:
+            table.add_row(s.env_id, "0", "[red]error[/]", "-", "-", "-", "-", "-", str(s.errors))
+            continue
         table.add_row(
             s.env_id, str(s.episodes), f"{100 * s.success_rate:.1f}%",
             f"{100 * s.ci_low:.1f}-{100 * s.ci_high:.1f}%",

@@ -84,6 +84,24 @@ def test_crl_eval_missing_model_is_one_clear_error(tmp_path, capsys):
     code = main(["eval", "--agent", f"hf:{tmp_path / 'none'}", "--envs", "CRL/Sokoban-v0",
                  "--episodes", "1", "--out", str(tmp_path / "ev"), "--no-progress"])
     assert code == 2 and "Could not load" in capsys.readouterr().err
+    assert not (tmp_path / "ev").exists()  # a failed start leaves no empty eval folder
+
+
+def test_errored_envs_hardening_show_as_errors_in_table_and_plot(tmp_path):
+    from rich.console import Console
+
+    from crl_harness.eval import plot_success, render_table
+
+    summaries = summarize([Trajectory("CRL/Broken-v0", 0, error="RuntimeError: no data"),
+                           Trajectory("CRL/Broken-v0", 1, error="RuntimeError: no data"),
+                           Trajectory("CRL/Sokoban-v0", 0, won=True, steps=3)])
+    console = Console(record=True, width=160)
+    console.print(render_table(summaries))
+    broken, sokoban = console.export_text().splitlines()[3:5]
+    assert "error" in broken and "%" not in broken and broken.rstrip(" │").endswith("2")
+    assert "100.0%" in sokoban
+    plot_success(tmp_path / "success.png", summaries)
+    assert (tmp_path / "success.png").stat().st_size > 0
 
 
 def test_hardening_crl_eval_kv_cache_flags(tmp_path, capsys):

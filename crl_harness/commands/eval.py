@@ -240,11 +240,28 @@ def run(args: argparse.Namespace) -> int:
         # Read-only: evaluation leaves the bank as it was, and may run beside its trainer.
         retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(args.experience,
                                                                    read_only=True)))
+    if not args.resume:
+        args.out = args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    fresh = not args.resume and not Path(args.out).exists()
     try:
         return _evaluate(args, console, env_ids, seeds, env_kwargs, retriever)
+    except BaseException:
+        if fresh:  # a failed start (a model that does not load) leaves no empty eval folder
+            _remove_unused(Path(args.out))
+        raise
     finally:
         if retriever is not None:
             retriever.close()
+
+
+def _remove_unused(folder: Path) -> None:
+    """Remove ``folder`` if it holds nothing but the settings (no episode was recorded)."""
+    try:
+        if folder.is_dir() and {entry.name for entry in folder.iterdir()} <= {SETTINGS}:
+            (folder / SETTINGS).unlink(missing_ok=True)
+            folder.rmdir()
+    except OSError:
+        pass  # best effort: the original error is the one to show
 
 
 def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds: list[int],
@@ -270,7 +287,7 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
                  {(t.env_id, t.seed) for t in earlier}]
         console.print(f"resuming {out}: {len(earlier)} episode(s) done, {len(specs)} to play")
     else:
-        out = output_dir(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}", "--out")
+        out = output_dir(args.out, "--out")
         earlier = []
         if (out / RESULTS).exists():
             raise UserFacingError(f"{out / RESULTS} already exists; pick another --out, or "
