@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_envs import ENV_IDS
-from crl_envs.errors import UserFacingError
+from crl_envs.errors import UserFacingError, describe_error
 from crl_harness.results import FORMAT, Attempt, append_attempt, tally
 from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory, make_env
 
@@ -411,7 +411,7 @@ def _play_step_agents(agent: str, specs: Sequence[EpisodeSpec], retriever: Any, 
         except Exception as err:  # noqa: BLE001 - one env's failure (no Docker, no data) ends
             # only its own episodes; the report counts them as errors with the message.
             traj = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience,
-                              error=f"{type(err).__name__}: {err}")
+                              error=describe_error(err))
             failed = envs.pop(spec.env_id, None)
             if failed is not None:
                 failed.close()

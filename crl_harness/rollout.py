@@ -35,6 +35,7 @@ from typing import Any
 import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
+from crl_envs.errors import describe_error
 from crl_harness.experience.ask import (
     ASK_CLOSE,
     AskRecord,
@@ -617,7 +618,7 @@ class RolloutEngine:
             try:
                 func(item)
             except Exception as err:  # noqa: BLE001 - reported on the trajectory
-                return f"{type(err).__name__}: {err}"
+                return describe_error(err)  # a missing extra names its install command
             return ""
 
         return call

@@ -267,6 +267,7 @@ def _remove_unused(folder: Path) -> None:
 def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds: list[int],
               env_kwargs: dict[str, Any], retriever: _RetrieveOnly | None) -> int:
     """``crl eval``'s episodes, table, report and chart, once the arguments are checked."""
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from crl_harness.eval import (
@@ -332,7 +333,8 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
     title = f"{args.agent}: {len(trajectories)} episodes in {seconds:.1f}s"
     console.print(render_table(summaries, title=title))
     for env_id, error in dict.fromkeys((t.env_id, t.error) for t in trajectories if t.error):
-        console.print(f"[red]{env_id}[/]: {error}", markup=True, highlight=False)
+        # escaped: an install hint's [EXTRA] is text, not markup
+        console.print(f"[red]{escape(env_id)}[/]: {escape(error)}", markup=True, highlight=False)
     write_report(out / "report.json", trajectories, meta={
         "agent": args.agent, "envs": env_ids, "seeds": seeds, "experience": args.experience,
         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
