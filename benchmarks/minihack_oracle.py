@@ -1,10 +1,10 @@
-"""Success rate of the text-only MiniHack oracle within the 30-step limit, over many seeds.
+"""Success rate of the text-only MiniHack oracle within the registered step limits, over many seeds.
 
     .venv/bin/python benchmarks/minihack_oracle.py [--seeds 200] [--ids CRL/MiniHackRoom-v0 ...]
-        [--max-steps N]   # another step limit than the registered 30 (e.g. to see River crossed)
+        [--max-steps N]   # another step limit than the registered one (30; River 100)
 
 Prints, per env id (and per Room variant): wins / seeds, the rate, the mean number of steps of
-the won episodes, and how the lost ones ended (truncated at 30 steps or terminated: death).
+the won episodes, and how the lost ones ended (truncated at the limit or terminated: death).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=200, help="seeds 0..N-1 per case")
     parser.add_argument("--ids", nargs="*", help="only these env ids")
-    parser.add_argument("--max-steps", type=int, default=None, help="step limit (default: 30)")
+    parser.add_argument("--max-steps", type=int, default=None, help="step limit (default: registered)")
     args = parser.parse_args()
     print(f"{'env':<36} {'won':>9} {'rate':>6} {'steps':>6} {'trunc':>6} {'died':>5} {'secs':>5}")
     for env_id, kwargs in CASES:

@@ -4,6 +4,9 @@ Holds:
 - ``TEXT_CHARSET``: the printable characters a CRL text space samples from.
 - ``UnicodeText``: the observation and action space: any ``str`` of allowed length, sampled from
   ``TEXT_CHARSET``.
+- ``create_shared_memory`` / ``read_from_shared_memory`` / ``write_to_shared_memory`` for
+  ``UnicodeText`` (``SharedTexts``): the exact text through ``AsyncVectorEnv``'s shared memory
+  (gymnasium's ``Text`` handlers read the buffer once, at construction: a megabyte of newlines).
 - ``Transition``: what one env step produced, before the contract turns it into gymnasium's tuple.
 - ``TextEnv``: the base class. A subclass implements ``_reset`` and ``_step`` and gets, for free,
   the text spaces, the info keys, invalid actions as no-op steps, the binary/score reward,
@@ -15,14 +18,23 @@ Holds:
 from __future__ import annotations
 
 import copy
+import multiprocessing as mp
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.error import ResetNeeded
 from gymnasium.spaces import Text
+from gymnasium.vector.utils import (
+    create_shared_memory,
+    read_from_shared_memory,
+    write_to_shared_memory,
+)
 
-__all__ = ["StepBudgetFromTimeLimit", "TEXT_CHARSET", "MAX_TEXT_LENGTH", "MAX_ACTION_LENGTH", "UnicodeText", "Transition",
+__all__ = ["StepBudgetFromTimeLimit", "TEXT_CHARSET", "MAX_TEXT_LENGTH", "MAX_ACTION_LENGTH", "UnicodeText",
+           "SharedTexts", "Transition",
            "TextEnv"]
 
 
@@ -83,6 +95,69 @@ class UnicodeText(Text):
         memo[id(self)] = clone
         clone._np_random = copy.deepcopy(self._np_random, memo)
         return clone
+
+
+# AsyncVectorEnv (gym.make_vec(..., vectorization_mode="async")) passes observations through
+# shared memory by default; gymnasium's Text handlers map characters through the charset and
+# read back the padding. A UnicodeText slot holds the length, then the code points (int32).
+@create_shared_memory.register(UnicodeText)
+def _create_unicode_shared_memory(space: UnicodeText, n: int = 1, ctx: Any = mp) -> Any:
+    return ctx.Array(np.dtype(np.int32).char, n * (space.max_length + 1))
+
+
+class SharedTexts(Sequence):
+    """The texts in a UnicodeText shared memory, read when indexed: AsyncVectorEnv reads its
+    observation buffer once, when it is built, and hands out that object after every step
+    (a deep copy of it, by default: a tuple of the texts then).
+
+    Example:
+        >>> space = UnicodeText(max_length=4, min_length=0, charset="ab")
+        >>> memory = create_shared_memory(space, n=2)
+        >>> texts = read_from_shared_memory(space, memory, n=2)
+        >>> write_to_shared_memory(space, 1, "ab\U0001f600", memory)
+        >>> texts[1], copy.deepcopy(texts)
+        ('ab\U0001f600', ('', 'ab\U0001f600'))
+    """
+
+    def __init__(self, data: np.ndarray) -> None:
+        self._data = data  # (n, max_length + 1) int32: length, then code points
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        row = self._data[index]
+        return row[1:1 + row[0]].tobytes().decode("utf-32-le", "surrogatepass")
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, (Sequence, np.ndarray)) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]  # its contents change
+
+    def __repr__(self) -> str:
+        return f"SharedTexts({tuple(self)!r})"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> tuple[str, ...]:
+        return tuple(self)
+
+
+@read_from_shared_memory.register(UnicodeText)
+def _read_unicode_from_shared_memory(space: UnicodeText, shared_memory: Any,
+                                     n: int = 1) -> SharedTexts:
+    data = np.frombuffer(shared_memory.get_obj(), dtype=np.int32).reshape(n, space.max_length + 1)
+    return SharedTexts(data)
+
+
+@write_to_shared_memory.register(UnicodeText)
+def _write_unicode_to_shared_memory(space: UnicodeText, index: int, value: str,
+                                    shared_memory: Any) -> None:
+    codes = np.frombuffer(value.encode("utf-32-le", "surrogatepass"), dtype=np.int32)
+    slot = np.frombuffer(shared_memory.get_obj(), dtype=np.int32)[
+        index * (space.max_length + 1):(index + 1) * (space.max_length + 1)]
+    slot[0] = len(codes)
+    slot[1:1 + len(codes)] = codes
 
 
 # Building a space over the 60k-character charset takes ~0.2 s (gymnasium indexes every

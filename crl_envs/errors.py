@@ -5,8 +5,52 @@ The ``crl`` command line prints these as one line instead of a traceback.
 
 from __future__ import annotations
 
-__all__ = ["UserFacingError"]
+__all__ = ["UserFacingError", "EXTRAS", "missing_extra", "describe_error"]
 
 
 class UserFacingError(Exception):
     """A problem the user can fix (missing data, missing model, bad config); the message says how."""
+
+
+# Top-level module -> the crl-gym extra that installs it (pyproject.toml's optional-dependencies).
+EXTRAS: dict[str, str] = {
+    "alfworld": "alfworld", "textworld": "alfworld",
+    "nltk": "webshop", "regex": "webshop", "spacy": "webshop", "en_core_web_sm": "webshop",
+    "swebench": "swebench", "docker": "swebench",
+    "torch": "train", "transformers": "train", "peft": "train", "accelerate": "train",
+    "gguf": "train", "tensorboard": "train",
+    "sentence_transformers": "embed",
+    "vllm": "vllm",
+    "ray": "ray",
+}
+
+
+def missing_extra(err: BaseException) -> str | None:
+    """One line naming the extra that installs the module ``err`` misses, or None when ``err``
+    is not a missing module of an extra.
+
+    Example:
+        >>> missing_extra(ModuleNotFoundError("No module named 'regex'", name="regex"))
+        "No module named 'regex': pip install 'crl-gym[webshop]' (the webshop extra)."
+        >>> missing_extra(ModuleNotFoundError("No module named 'nope'", name="nope")) is None
+        True
+    """
+    if not isinstance(err, ModuleNotFoundError) or not err.name:
+        return None
+    extra = EXTRAS.get(err.name.split(".")[0])
+    if extra is None:
+        return None
+    return f"No module named {err.name!r}: pip install 'crl-gym[{extra}]' (the {extra} extra)."
+
+
+def describe_error(err: BaseException) -> str:
+    """``err`` as one line: a missing extra's install command, else ``Type: message``, where
+    the message keeps an install hint that names its extra.
+
+    Example:
+        >>> describe_error(ModuleNotFoundError("No module named 'torch'", name="torch"))
+        "No module named 'torch': pip install 'crl-gym[train]' (the train extra)."
+        >>> describe_error(RuntimeError("boom"))
+        'RuntimeError: boom'
+    """
+    return missing_extra(err) or f"{type(err).__name__}: {err}"

@@ -148,4 +148,5 @@ def run_episode(env: gym.Env, agent: Agent, spec: EpisodeSpec) -> Trajectory:
         traj.terminated, traj.truncated = bool(terminated), bool(truncated)
         done = terminated or truncated
     traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score)
+    traj.final_observation = observation
     return traj

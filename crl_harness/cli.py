@@ -11,9 +11,9 @@ import argparse
 import importlib
 import sys
 
-from crl_envs.errors import UserFacingError
+from crl_envs.errors import UserFacingError, missing_extra
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main", "COMMANDS", "version"]
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -28,8 +28,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version() -> str:
+    """The installed crl-gym's version ("unknown" in a checkout that was never installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version("crl-gym")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crl", description="Complementary RL Gym")
+    parser.add_argument("--version", action="version", version=f"crl-gym {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
@@ -57,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._module.run(args) or 0)
     except UserFacingError as err:
         print(f"crl {args.command}: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:  # an optional extra that is not installed: say which
+        hint = missing_extra(err)
+        if hint is None:
+            raise
+        print(f"crl {args.command}: {hint}", file=sys.stderr)
         return 2
     except OSError as err:  # the file system said no (disk full, permissions): say which file
         print(f"crl {args.command}: {err}", file=sys.stderr)

@@ -10,8 +10,9 @@ Holds:
   ``mix3``), ``parse_seeds``, ``episode_specs``.
 - ``evaluate``: plays the episodes (scripted/human agents one step at a time in worker threads,
   model agents through the batched ``RolloutEngine``); each finished episode is appended at once
-  to the ``crl-results/1`` attempts file (``crl_harness.results``), so a crash loses nothing
-  already played.
+  to the ``crl-results/1`` attempts file (``crl_harness.results``) and its transcript to a JSON
+  lines file (``transcript_record``), so a crash loses nothing already played.
+- ``recorded_trajectory``: an attempt read back from a results file, for ``crl eval --resume``.
 - ``write_report`` (JSON), ``plot_success`` (bar chart PNG), ``render_table`` (rich).
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -28,14 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from crl_envs import ENV_IDS
-from crl_envs.errors import UserFacingError
+from crl_envs.errors import UserFacingError, describe_error
 from crl_harness.results import FORMAT, Attempt, append_attempt, tally
 from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory, make_env
 
 __all__ = ["EnvSummary", "summarize", "wilson_interval", "PairedDifference", "paired_difference",
            "format_rate", "format_paired", "expand_env_ids", "parse_seeds",
            "MAX_EPISODES", "MAX_SEED",
-           "episode_specs", "evaluate", "write_report", "plot_success", "render_table"]
+           "episode_specs", "evaluate", "write_report", "plot_success", "render_table",
+           "transcript_record", "append_transcript", "RecordedTrajectory", "recorded_trajectory"]
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -276,6 +279,7 @@ def evaluate(
     specs: Sequence[EpisodeSpec],
     *,
     results_path: str | Path | None = None,
+    transcripts_path: str | Path | None = None,
     backend: Any = None,
     retriever: Any = None,
     rollout: RolloutConfig | None = None,
@@ -286,7 +290,9 @@ def evaluate(
 
     A model agent uses ``backend`` when given (else it is loaded from the spec) and the batched
     rollout engine; other agents play one episode per worker thread. Each finished episode is
-    appended to ``results_path`` (a ``crl-results/1`` file) before ``on_done`` sees it.
+    appended to ``results_path`` (a ``crl-results/1`` file; env failures are not attempts) and
+    its transcript to ``transcripts_path`` (``transcript_record``, failures included) before
+    ``on_done`` sees it.
     """
     lock = threading.Lock()
 
@@ -298,7 +304,10 @@ def evaluate(
                     steps=traj.steps, seed=traj.seed, env_id=traj.env_id, model=agent,
                     extra={"format_failures": traj.format_failures,
                            "invalid_actions": traj.invalid_actions,
-                           "generated_tokens": traj.generated_tokens}))
+                           "generated_tokens": traj.generated_tokens,
+                           "truncated": traj.truncated}))
+            if transcripts_path is not None:
+                append_transcript(transcripts_path, transcript_record(traj, agent))
             if on_done is not None:
                 on_done(traj)
 
@@ -315,6 +324,73 @@ def evaluate(
         return engine.run(specs, on_done=finished)
     finally:
         engine.close()
+
+
+def transcript_record(traj: Trajectory, agent: str) -> dict[str, Any]:
+    """One episode as a JSON-ready record: who played what, the system prompt, and each turn's
+    prompt (the observation), reply, action, reward and validity, then the outcome.
+
+    Example:
+        >>> from crl_harness.rollout import Turn
+        >>> traj = Trajectory("CRL/Sokoban-v0", 3, won=True, steps=1, turns=[Turn(
+        ...     [], [], [], text="up", action="up", observation="map", reward=1.0)])
+        >>> record = transcript_record(traj, "scripted")
+        >>> record["seed"], record["turns"][0]["reply"], record["turns"][0]["reward"]
+        (3, 'up', 1.0)
+    """
+    return {
+        "env_id": traj.env_id, "seed": traj.seed, "task_id": traj.task_id, "agent": agent,
+        "task": traj.task, "use_experience": traj.use_experience,
+        "experience_ids": traj.experience_ids, "system": traj.system,
+        "turns": [{"observation": t.observation, "reply": t.text, "action": t.action,
+                   "format_ok": t.format_ok, "action_valid": t.action_valid, "reward": t.reward,
+                   "finish_reason": t.finish_reason, "generated_tokens": len(t.token_ids),
+                   **({"ask": t.ask.query} if t.ask is not None else {})}
+                  for t in traj.turns],
+        "final_observation": traj.final_observation, "won": traj.won, "reward": traj.reward,
+        "score": traj.score, "steps": traj.steps, "terminated": traj.terminated,
+        "truncated": traj.truncated, "error": traj.error,
+    }
+
+
+def append_transcript(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one transcript record as a JSON line and flush it to disk."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+@dataclass
+class RecordedTrajectory(Trajectory):
+    """A finished episode read back from a results file (no turns): what ``--resume`` counts."""
+
+    recorded_tokens: int = 0
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.recorded_tokens
+
+
+def recorded_trajectory(attempt: Attempt) -> RecordedTrajectory:
+    """The summary fields of an episode an earlier run appended to the results file.
+
+    Example:
+        >>> traj = recorded_trajectory(Attempt("t", True, steps=5, seed=2, env_id="E",
+        ...                                    extra={"generated_tokens": 40}))
+        >>> traj.env_id, traj.seed, traj.won, traj.generated_tokens
+        ('E', 2, True, 40)
+    """
+    extra = attempt.extra
+    return RecordedTrajectory(
+        attempt.env_id, attempt.seed if attempt.seed is not None else -1, task_id=attempt.task_id,
+        won=attempt.won, reward=attempt.reward, score=attempt.score, steps=attempt.steps,
+        format_failures=int(extra.get("format_failures", 0)),
+        invalid_actions=int(extra.get("invalid_actions", 0)),
+        truncated=bool(extra.get("truncated", False)),
+        recorded_tokens=int(extra.get("generated_tokens", 0)))
 
 
 def _play_step_agents(agent: str, specs: Sequence[EpisodeSpec], retriever: Any, workers: int,
@@ -335,7 +411,7 @@ def _play_step_agents(agent: str, specs: Sequence[EpisodeSpec], retriever: Any, 
         except Exception as err:  # noqa: BLE001 - one env's failure (no Docker, no data) ends
             # only its own episodes; the report counts them as errors with the message.
             traj = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience,
-                              error=f"{type(err).__name__}: {err}")
+                              error=describe_error(err))
             failed = envs.pop(spec.env_id, None)
             if failed is not None:
                 failed.close()
@@ -382,18 +458,22 @@ def write_report(path: str | Path, trajectories: Sequence[Trajectory],
 
 
 def plot_success(path: str | Path, summaries: Sequence[EnvSummary], title: str = "") -> None:
-    """Bar chart of success rate per env with the 95% interval as error bars."""
+    """Bar chart of success rate per env with the 95% interval as error bars; an env none of
+    whose episodes ran (every one an env error) gets no bar, and the word "error"."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = [s.env_id.removeprefix("CRL/") for s in summaries]
-    rates = [100 * s.success_rate for s in summaries]
-    errors = [[100 * (s.success_rate - s.ci_low) for s in summaries],
-              [100 * (s.ci_high - s.success_rate) for s in summaries]]
+    rates = [100 * s.success_rate if s.episodes else 0.0 for s in summaries]
+    errors = [[100 * (s.success_rate - s.ci_low) if s.episodes else 0.0 for s in summaries],
+              [100 * (s.ci_high - s.success_rate) if s.episodes else 0.0 for s in summaries]]
     fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 1), 3.6))
     ax.bar(names, rates, yerr=errors, capsize=4, color="#4878d0")
+    for index, summary in enumerate(summaries):
+        if not summary.episodes:
+            ax.text(index, 2, "error", ha="center", va="bottom", color="#c0392b")
     ax.set_ylim(0, 105)
     ax.set_ylabel("success rate (%)")
     ax.set_title(title)
@@ -404,7 +484,8 @@ def plot_success(path: str | Path, summaries: Sequence[EnvSummary], title: str =
 
 
 def render_table(summaries: Sequence[EnvSummary], title: str = "") -> Any:
-    """A rich ``Table`` with one row per env."""
+    """A rich ``Table`` with one row per env; an env none of whose episodes ran reads "error"
+    (not a 0% success rate with a 0-100% interval)."""
     from rich.table import Table
 
     table = Table(title=title)
@@ -412,6 +493,9 @@ def render_table(summaries: Sequence[EnvSummary], title: str = "") -> Any:
                    "format fail", "tokens", "errors"):
         table.add_column(column, justify="left" if column == "env" else "right")
     for s in summaries:
+        if not s.episodes:
+            table.add_row(s.env_id, "0", "[red]error[/]", "-", "-", "-", "-", "-", str(s.errors))
+            continue
         table.add_row(
             s.env_id, str(s.episodes), f"{100 * s.success_rate:.1f}%",
             f"{100 * s.ci_low:.1f}-{100 * s.ci_high:.1f}%",

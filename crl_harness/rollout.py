@@ -35,6 +35,7 @@ from typing import Any
 import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
+from crl_envs.errors import describe_error
 from crl_harness.experience.ask import (
     ASK_CLOSE,
     AskRecord,
@@ -122,8 +123,10 @@ class Trajectory:
     the env's verdict, ``steps`` the number of agent turns that count toward the step limit
     (answered asks do not), ``experience_ids`` the bank entries shown to the agent (for the
     extractor's credit; kept when the gate rejected them), ``gate`` the actor-critic gate's turn,
-    ``transcript`` the episode as text (the extractor's input). ``error`` is set when the env
-    itself failed; such an episode is not a sample of the policy.
+    ``transcript`` the episode as text (the extractor's input), ``system`` the system prompt a
+    model agent saw (empty for scripted agents), ``final_observation`` what the env showed after
+    the last action. ``error`` is set when the env itself failed; such an episode is not a
+    sample of the policy.
     """
 
     env_id: str
@@ -145,6 +148,8 @@ class Trajectory:
     truncated: bool = False
     error: str = ""
     gate: GateRecord | None = None
+    system: str = ""
+    final_observation: str = ""
 
     @property
     def generated_tokens(self) -> int:
@@ -573,6 +578,7 @@ class RolloutEngine:
         if not traj.error:
             self._report_credit(traj)
         traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score, traj.gate)
+        traj.system, traj.final_observation = episode.conversation.system, episode.state
         results[index] = traj
         if traj.error:
             episode.env.close()  # an env that raised is not trusted with another episode
@@ -612,7 +618,7 @@ class RolloutEngine:
             try:
                 func(item)
             except Exception as err:  # noqa: BLE001 - reported on the trajectory
-                return f"{type(err).__name__}: {err}"
+                return describe_error(err)  # a missing extra names its install command
             return ""
 
         return call

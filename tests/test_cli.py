@@ -135,3 +135,39 @@ def test_hardening_overrides_may_follow_flags(tmp_path, capsys):
     # the override reaches the config: a bad value after a flag is reported by its key
     assert main(["train", "cpu-demo", "--no-progress", "run.steps=0"]) == 2
     assert "bad config key 'run.steps'" in capsys.readouterr().err
+
+
+def test_crl_version_prints_the_package_version(capsys):
+    from crl_harness.cli import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"crl-gym {version()}"
+
+
+def test_missing_extra_hardening_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+    """A missing optional extra: one line with its install command, from the CLI, from crl demo
+    --no-train (the env is skipped) and in crl eval's table of env errors (the [EXTRA] kept)."""
+    from crl_harness.commands import demo, play
+
+    def missing_torch(args):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(play, "run", missing_torch)
+    assert main(["play", "CRL/Sokoban-v0"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("crl play: No module named 'torch': pip install 'crl-gym[train]' (the train "
+                   "extra).\n")
+
+    monkeypatch.setitem(sys.modules, "swebench", None)  # import swebench now fails
+    for name in [m for m in sys.modules if m.startswith("swebench.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert demo.runnable_envs(["CRL/SWEBenchToy-v0", "CRL/Sokoban-v0"]) == ["CRL/Sokoban-v0"]
+    printed = capsys.readouterr().out
+    assert printed.count("\n") == 1 and "skipping CRL/SWEBenchToy-v0" in printed
+    assert "pip install 'crl-gym[swebench]'" in printed
+
+    code = main(["eval", "--agent", "scripted", "--envs", "CRL/SWEBenchToy-v0", "--episodes", "1",
+                 "--out", str(tmp_path / "ev"), "--no-progress"])
+    assert code == 1 and "pip install 'crl-gym[swebench]'" in capsys.readouterr().out

@@ -182,3 +182,40 @@ def test_render_ansi_returns_the_observation(env_id):
         skip_without_extra(err, env_id)
     assert env.render() == obs
     env.close()
+
+
+def test_async_vector_env_passes_the_real_text_through_shared_memory():
+    """make_vec(..., "async") (shared memory by default) gives each worker's own text, not
+    gymnasium's Text padding (a megabyte of newlines)."""
+    single = gym.make("CRL/Sokoban-v0")
+    expected = [single.reset(seed=seed)[0] for seed in (3, 4)]
+    after_step = single.step("up")[0]
+    single.close()
+    envs = gym.make_vec("CRL/Sokoban-v0", num_envs=2, vectorization_mode="async")
+    try:
+        observations, infos = envs.reset(seed=3)
+        assert list(observations) == expected
+        observations, *_ = envs.step(["up", "up"])
+        assert observations[1] == after_step and max(map(len, observations)) < 10_000
+    finally:
+        envs.close()
+
+
+def test_unicode_text_shared_memory_hardening_keeps_any_text():
+    """Empty text, a full-length slot's neighbour, emoji and a lone surrogate survive the trip."""
+    from gymnasium.vector.utils import (
+        create_shared_memory,
+        read_from_shared_memory,
+        write_to_shared_memory,
+    )
+
+    from crl_envs.base import UnicodeText
+
+    space = UnicodeText(max_length=6, min_length=0, charset="ab")
+    memory = create_shared_memory(space, n=3)
+    for index, text in enumerate(["", "a\U0001f600\ud800\n", "ab" * 3]):
+        write_to_shared_memory(space, index, text, memory)
+    assert tuple(read_from_shared_memory(space, memory, n=3)) == ("", "a\U0001f600\ud800\n",
+                                                                 "ababab")
+    write_to_shared_memory(space, 2, "b", memory)  # a shorter text replaces a longer one
+    assert read_from_shared_memory(space, memory, n=3)[2] == "b"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -83,6 +84,24 @@ def test_crl_eval_missing_model_is_one_clear_error(tmp_path, capsys):
     code = main(["eval", "--agent", f"hf:{tmp_path / 'none'}", "--envs", "CRL/Sokoban-v0",
                  "--episodes", "1", "--out", str(tmp_path / "ev"), "--no-progress"])
     assert code == 2 and "Could not load" in capsys.readouterr().err
+    assert not (tmp_path / "ev").exists()  # a failed start leaves no empty eval folder
+
+
+def test_errored_envs_hardening_show_as_errors_in_table_and_plot(tmp_path):
+    from rich.console import Console
+
+    from crl_harness.eval import plot_success, render_table
+
+    summaries = summarize([Trajectory("CRL/Broken-v0", 0, error="RuntimeError: no data"),
+                           Trajectory("CRL/Broken-v0", 1, error="RuntimeError: no data"),
+                           Trajectory("CRL/Sokoban-v0", 0, won=True, steps=3)])
+    console = Console(record=True, width=160)
+    console.print(render_table(summaries))
+    broken, sokoban = console.export_text().splitlines()[3:5]
+    assert "error" in broken and "%" not in broken and broken.rstrip(" │").endswith("2")
+    assert "100.0%" in sokoban
+    plot_success(tmp_path / "success.png", summaries)
+    assert (tmp_path / "success.png").stat().st_size > 0
 
 
 def test_hardening_crl_eval_kv_cache_flags(tmp_path, capsys):
@@ -178,3 +197,71 @@ def test_hardening_crl_eval_dtype_runs_the_model_in_it_and_refuses_others(tmp_pa
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--dtype" in err and "invalid choice" in err and "Traceback" not in err
+
+
+def _eval(out, *flags: str) -> int:
+    return main(["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--seeds", "0-3",
+                 "--out", str(out), "--no-progress", *flags])
+
+
+def test_crl_eval_writes_one_transcript_line_per_episode(tmp_path):
+    out = tmp_path / "ev"
+    assert _eval(out) == 0
+    lines = (out / "transcripts.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    assert sorted(r["seed"] for r in records) == [0, 1, 2, 3]
+    first = records[0]
+    assert first["env_id"] == "CRL/Sokoban-v0" and first["agent"] == "scripted" and first["won"]
+    assert len(first["turns"]) == first["steps"] > 0
+    turn = first["turns"][0]
+    assert turn["observation"] and turn["reply"] == turn["action"] and turn["action_valid"]
+    assert first["turns"][-1]["reward"] == 1.0 and first["final_observation"]
+    assert json.loads((out / "eval.json").read_text())["seeds"] == [0, 1, 2, 3]
+
+
+def test_crl_eval_resume_plays_only_the_missing_episodes(tmp_path, capsys):
+    out = tmp_path / "ev"
+    assert _eval(out) == 0
+    # An interrupted eval: two episodes recorded, no report yet.
+    for name in ("results.jsonl", "transcripts.jsonl"):
+        lines = (out / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        (out / name).write_text("".join(lines[:2]), encoding="utf-8")
+    done = {a.seed for a in read_attempts(out / "results.jsonl")}
+    (out / "report.json").unlink()
+    capsys.readouterr()
+    assert _eval(out, "--resume") == 0
+    assert "2 episode(s) done, 2 to play" in capsys.readouterr().out
+    attempts = read_attempts(out / "results.jsonl")
+    assert sorted(a.seed for a in attempts) == [0, 1, 2, 3]
+    records = [json.loads(line) for line in
+               (out / "transcripts.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert {r["seed"] for r in records[2:]} == {0, 1, 2, 3} - done and len(records) == 4
+    report = json.loads((out / "report.json").read_text())
+    assert report["envs"][0]["episodes"] == 4 and report["envs"][0]["successes"] == 4
+    # Nothing left to play: a second resume plays nothing and rewrites the report.
+    assert _eval(out, "--resume") == 0
+    assert len(read_attempts(out / "results.jsonl")) == 4
+
+
+def test_crl_eval_resume_hardening_bad_folders_are_one_clear_error(tmp_path, capsys):
+    def fails(expected: str, argv: list[str]) -> None:
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert re.search(expected, err) and err.count("\n") == 1, err
+
+    out = tmp_path / "ev"
+    argv = ["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--seeds", "0-3",
+            "--out", str(out), "--no-progress"]
+    fails("does not exist, so it is no crl eval folder", [*argv, "--resume"])
+    assert not out.exists()
+    fails("--resume needs --out", ["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0",
+                                   "--resume"])
+    out.mkdir()
+    fails("holds no eval.json", [*argv, "--resume"])
+    assert main(argv) == 0
+    fails("already exists.*--resume", argv)
+    fails(r"other settings \(seeds: \[0, 1, 2, 3\] there", [*argv[:-4], "0-5", *argv[-3:],
+                                                             "--resume"])
+    (out / "eval.json").write_text("[1]", encoding="utf-8")
+    fails("not an eval's settings", [*argv, "--resume"])

@@ -232,3 +232,22 @@ def test_oracle_rate_over_200_seeds(env_id):
     wins = sum(play_oracle(env, seed)["won"] for seed in range(200))
     env.close()
     assert wins >= 180, f"{env_id}: oracle won {wins}/200"
+
+
+@pytest.mark.parametrize("seed", [2, 10, 11])
+def test_river_registered_limit_covers_the_oracles_crossing(seed):
+    """River is winnable within its registered step limit: the oracle, given upstream's 350
+    steps, crosses in fewer than the registered ones (30 made it unwinnable); seed 10 needs a
+    push into the hidden far column beside an earlier fill."""
+    limit = gym.spec("CRL/MiniHackRiver-v0").max_episode_steps
+    assert limit == crl_envs.RIVER_STEPS >= 100
+    env = gym.make("CRL/MiniHackRiver-v0", max_episode_steps=350)
+    oracle = MiniHackOracle(env)
+    obs, info = env.reset(seed=seed)
+    oracle.reset(obs, info)
+    steps, done = 0, False
+    while not done:
+        obs, reward, terminated, truncated, info = env.step(oracle.act(obs, info))
+        steps, done = steps + 1, terminated or truncated
+    env.close()
+    assert info["won"] and steps <= limit, (seed, steps)

@@ -159,6 +159,7 @@ class MiniHackOracle:
         self._last: tuple[Cell, str] | None = None
         self._view: ParsedView | None = None
         self._plan: list[tuple[Cell, str]] = []  # River: (hero cell before, action) still to do
+        self._stuck: set[tuple[Cell, Cell]] = set()  # River: refused pushes (boulder, cell ahead)
 
     def reset(self, observation: str, info: dict[str, Any]) -> None:
         """Forget the previous episode."""
@@ -166,6 +167,7 @@ class MiniHackOracle:
         self._blocked = set()
         self._last = None
         self._plan = []
+        self._stuck = set()
         self._view = parse_observation(observation)
 
     def act(self, observation: str, info: dict[str, Any]) -> str:
@@ -186,6 +188,8 @@ class MiniHackOracle:
         if action in MOVES and view.hero == cell and _adjacent_monster(view) is None:
             dx, dy = MOVES[action]
             self._blocked.add((cell, (cell[0] + dx, cell[1] + dy)))
+            if "in vain" in view.message:  # a boulder that did not move: not that way again
+                self._stuck.add(((cell[0] + dx, cell[1] + dy), (cell[0] + 2 * dx, cell[1] + 2 * dy)))
 
     def _choose(self, view: ParsedView) -> str:
         stairs = set(view.find(">"))
@@ -262,7 +266,7 @@ class MiniHackOracle:
                 self._plan = []
                 return _cheapest_first_step(view, across, self._blocked)
         if not (self._plan and self._plan[0][0] == view.hero):
-            self._plan = _river_plan(view)
+            self._plan = _river_plan(view, frozenset(self._stuck))
         if self._plan and self._plan[0][0] == view.hero:
             return self._plan.pop(0)[1]
         return None
@@ -308,8 +312,10 @@ class _PushPlan:
     hero: Cell  # where the hero ends
 
 
-def _push(floor: set[Cell], boulders: set[Cell], hero: Cell, boulder: Cell, water: Cell) -> _PushPlan | None:
-    """Push ``boulder`` east (straight and diagonal pushes) until it drops into ``water``."""
+def _push(floor: set[Cell], boulders: set[Cell], hero: Cell, boulder: Cell, water: Cell,
+          stuck: frozenset[tuple[Cell, Cell]] = frozenset()) -> _PushPlan | None:
+    """Push ``boulder`` east (straight and diagonal pushes) until it drops into ``water``;
+    ``stuck`` holds the pushes (boulder cell, cell ahead) that the game refused."""
     dx, dy = water[0] - boulder[0], water[1] - boulder[1]
     if dx <= 0 or dx < abs(dy):
         return None
@@ -333,6 +339,8 @@ def _push(floor: set[Cell], boulders: set[Cell], hero: Cell, boulder: Cell, wate
             last = i == len(order) - 1
             if (ahead != water) if last else (ahead not in floor or ahead in others):
                 break
+            if (at, ahead) in stuck:
+                break
             steps.append((here, _NAMES[(ox, oy)]))
             here, at = at, ahead
         else:
@@ -341,7 +349,8 @@ def _push(floor: set[Cell], boulders: set[Cell], hero: Cell, boulder: Cell, wate
     return best
 
 
-def _river_plan(view: ParsedView) -> list[tuple[Cell, str]]:
+def _river_plan(view: ParsedView,
+                stuck: frozenset[tuple[Cell, Cell]] = frozenset()) -> list[tuple[Cell, str]]:
     """The shortest chain of boulder pushes found that fills a crossing of the river.
 
     Water blocks sight, so the oracle sees only the near column of the river; it assumes MiniHack
@@ -356,6 +365,13 @@ def _river_plan(view: ParsedView) -> list[tuple[Cell, str]]:
     if not water:
         return []
     far_bank = min(cell[0] for cell in water) + _RIVER_WIDTH
+    rows = range(min(cell[1] for cell in floor), max(cell[1] for cell in floor) + 1)
+    near = far_bank - _RIVER_WIDTH
+    filled = {cell for cell in floor if near <= cell[0] < far_bank}  # earlier fills (or boulders)
+    # Hidden river cells count where they continue an earlier fill: water blocks sight.
+    river = water + [(x, y) for x in range(near + 1, far_bank) for y in rows
+                     if view.cells.get((x, y), UNEXPLORED) == UNEXPLORED
+                     and any((x - 1, y + dy) in filled for dy in (-1, 0, 1))]
     best: list = [None, _RIVER_MAX_PLAN]  # steps, cost
 
     def extend(hero: Cell, boulders: frozenset, floor: set, last: Cell | None, steps: list) -> None:
@@ -364,19 +380,20 @@ def _river_plan(view: ParsedView) -> list[tuple[Cell, str]]:
             if len(steps) < best[1]:
                 best[:] = [steps, len(steps)]
             return
-        if last is None:
-            targets = [cell for cell in water if any((cell[0] - 1, cell[1] + dy) in floor for dy in (-1, 0, 1))]
+        if last is None:  # a river cell beside floor (the bank or an earlier fill)
+            targets = [cell for cell in river if any((cell[0] - 1, cell[1] + dy) in floor for dy in (-1, 0, 1))]
         else:
             targets = [
                 (column, last[1] + dy) for dy in (-1, 0, 1)
-                if view.cells.get((column, last[1] + dy), UNEXPLORED) in ("}", UNEXPLORED)
+                if last[1] + dy in rows  # not the hidden wall above or below the river
+                and view.cells.get((column, last[1] + dy), UNEXPLORED) in ("}", UNEXPLORED)
             ]
         options = []
         for target in targets:
             for boulder in boulders:
                 if target[0] - boulder[0] + len(steps) >= best[1]:
                     continue  # every push moves the boulder one column at most
-                plan = _push(floor, boulders, hero, boulder, target)
+                plan = _push(floor, boulders, hero, boulder, target, stuck)
                 if plan is not None:
                     options.append((len(plan.steps), target, boulder, plan))
         for _, target, boulder, plan in sorted(options, key=lambda option: option[0]):

@@ -27,7 +27,7 @@ from typing import Any
 import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
-from crl_envs.errors import UserFacingError
+from crl_envs.errors import UserFacingError, describe_error
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +54,9 @@ def runnable_envs(env_ids: list[str]) -> list[str]:
                 env.close()
         except UserFacingError as err:
             print(f"skipping {env_id}: {err}")
+            continue
+        except ImportError as err:  # an extra this machine lacks (swebench, webshop, alfworld)
+            print(f"skipping {env_id}: {describe_error(err)}")
             continue
         ok.append(env_id)
     return ok

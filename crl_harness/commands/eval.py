@@ -3,9 +3,11 @@
 Example: ``crl eval --agent scripted --envs all --episodes 20`` or
 ``crl eval --agent hf:smollm2-135m --envs CRL/MiniHackRoom-v0 --episodes 8
 --env-kwargs variant=dark max_episode_steps=6``.
-Writes into ``--out`` (default ``runs/eval-TIMESTAMP``): ``results.jsonl`` (one attempt a line,
-appended as episodes finish; the input of ``crl swe filter``), ``report.json`` and
-``success.png``.
+Writes into ``--out`` (default ``runs/eval-TIMESTAMP``): ``eval.json`` (the settings),
+``results.jsonl`` (one attempt a line, appended as episodes finish; the input of ``crl swe
+filter``), ``transcripts.jsonl`` (one episode a line: prompts, replies, actions, observations,
+rewards), ``report.json`` and ``success.png``. ``--resume --out FOLDER`` continues an
+interrupted eval there: the (env, seed) pairs already in ``results.jsonl`` are not played again.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from crl_envs.errors import UserFacingError
@@ -35,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="threads for env steps (scripted: episodes played at once); "
                              "keep 1 for ALFWorld, whose game loading is not thread-safe")
     parser.add_argument("--out", default=None, help="output folder (default runs/eval-TIMESTAMP)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the interrupted eval in --out (same settings): episodes "
+                             "already in its results.jsonl are not played again")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="cap on one reply")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -146,6 +152,57 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_range("--kv-cache-tokens", args.kv_cache_tokens, 1)
 
 
+RESULTS, TRANSCRIPTS, SETTINGS = "results.jsonl", "transcripts.jsonl", "eval.json"
+"""the files of an eval folder: attempts, one transcript an episode, the settings"""
+
+
+def eval_settings(args: argparse.Namespace, env_ids: list[str], seeds: list[int],
+                  env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What decides an eval's episodes and outcomes: ``--resume`` requires the same."""
+    return {"agent": args.agent, "envs": env_ids, "seeds": seeds, "env_kwargs": env_kwargs,
+            "experience": args.experience, "experience_k": args.experience_k,
+            "temperature": args.temperature, "top_p": args.top_p,
+            "max_new_tokens": args.max_new_tokens, "history": args.history, "seed": args.seed,
+            "dtype": args.dtype}
+
+
+def resume_folder(out: str | None, settings: dict[str, Any]) -> tuple[Path, list]:
+    """The eval folder ``--resume`` continues and the episodes it already holds, or one clear
+    error: no ``--out``, no such eval folder, or one written with other settings."""
+    from crl_harness.eval import recorded_trajectory
+    from crl_harness.results import ResultsFormatError, read_attempts
+
+    if not out:
+        raise UserFacingError("--resume needs --out FOLDER: the folder of the eval to continue.")
+    folder = Path(out)
+    if not (folder / SETTINGS).is_file():
+        what = "does not exist" if not folder.exists() else f"holds no {SETTINGS}"
+        raise UserFacingError(f"--resume: {folder} {what}, so it is no crl eval folder to "
+                              "continue; drop --resume to start one there.")
+    try:
+        saved = json.loads((folder / SETTINGS).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserFacingError(f"--resume: cannot read {folder / SETTINGS} ({err}).") from err
+    if not isinstance(saved, dict):
+        raise UserFacingError(f"--resume: {folder / SETTINGS} is not an eval's settings.")
+    differ = [key for key in settings if saved.get(key) != settings[key]]
+    if differ:
+        shown = "; ".join(f"{key}: {saved.get(key)!r} there, {settings[key]!r} now"[:160]
+                          for key in differ)
+        raise UserFacingError(f"--resume: {folder} is an eval with other settings ({shown}); "
+                              "give the same flags, or another --out.")
+    try:
+        attempts = read_attempts(folder / RESULTS) if (folder / RESULTS).exists() else []
+    except ResultsFormatError as err:
+        raise UserFacingError(f"--resume: {err}") from err
+    wanted = {(env_id, seed) for env_id in settings["envs"] for seed in settings["seeds"]}
+    earlier = {}
+    for attempt in attempts:
+        if (attempt.env_id, attempt.seed) in wanted:
+            earlier.setdefault((attempt.env_id, attempt.seed), recorded_trajectory(attempt))
+    return folder, list(earlier.values())
+
+
 class _RetrieveOnly:
     """The bank as a retriever that never reports outcomes: evaluation leaves credit alone."""
 
@@ -183,16 +240,34 @@ def run(args: argparse.Namespace) -> int:
         # Read-only: evaluation leaves the bank as it was, and may run beside its trainer.
         retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(args.experience,
                                                                    read_only=True)))
+    if not args.resume:
+        args.out = args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    fresh = not args.resume and not Path(args.out).exists()
     try:
         return _evaluate(args, console, env_ids, seeds, env_kwargs, retriever)
+    except BaseException:
+        if fresh:  # a failed start (a model that does not load) leaves no empty eval folder
+            _remove_unused(Path(args.out))
+        raise
     finally:
         if retriever is not None:
             retriever.close()
 
 
+def _remove_unused(folder: Path) -> None:
+    """Remove ``folder`` if it holds nothing but the settings (no episode was recorded)."""
+    try:
+        if folder.is_dir() and {entry.name for entry in folder.iterdir()} <= {SETTINGS}:
+            (folder / SETTINGS).unlink(missing_ok=True)
+            folder.rmdir()
+    except OSError:
+        pass  # best effort: the original error is the one to show
+
+
 def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds: list[int],
               env_kwargs: dict[str, Any], retriever: _RetrieveOnly | None) -> int:
     """``crl eval``'s episodes, table, report and chart, once the arguments are checked."""
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from crl_harness.eval import (
@@ -206,10 +281,20 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
     from crl_harness.rollout import RolloutConfig
 
     specs = episode_specs(env_ids, seeds, use_experience=retriever is not None)
-    out = output_dir(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}", "--out")
-    results_path = out / "results.jsonl"
-    if results_path.exists():
-        raise UserFacingError(f"{results_path} already exists; pick another --out.")
+    settings = eval_settings(args, env_ids, seeds, env_kwargs)
+    if args.resume:
+        out, earlier = resume_folder(args.out, settings)
+        specs = [spec for spec in specs if (spec.env_id, spec.seed) not in
+                 {(t.env_id, t.seed) for t in earlier}]
+        console.print(f"resuming {out}: {len(earlier)} episode(s) done, {len(specs)} to play")
+    else:
+        out = output_dir(args.out, "--out")
+        earlier = []
+        if (out / RESULTS).exists():
+            raise UserFacingError(f"{out / RESULTS} already exists; pick another --out, or "
+                                  f"continue that eval with --resume --out {out}.")
+        (out / SETTINGS).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    results_path = out / RESULTS
     backend = None
     if args.agent.startswith("hf:"):
         from crl_harness.models.registry import load_backend
@@ -239,22 +324,25 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
         def done(traj) -> None:
             progress.update(bar, advance=1, wins=progress.tasks[bar].fields["wins"] + traj.won)
 
-        trajectories = evaluate(args.agent, specs, results_path=results_path, retriever=retriever,
-                                rollout=rollout, workers=args.workers, on_done=done,
-                                backend=backend)
+        trajectories = earlier + evaluate(
+            args.agent, specs, results_path=results_path, transcripts_path=out / TRANSCRIPTS,
+            retriever=retriever, rollout=rollout, workers=args.workers, on_done=done,
+            backend=backend) if specs else earlier
     seconds = time.perf_counter() - started
     summaries = summarize(trajectories)
     title = f"{args.agent}: {len(trajectories)} episodes in {seconds:.1f}s"
     console.print(render_table(summaries, title=title))
     for env_id, error in dict.fromkeys((t.env_id, t.error) for t in trajectories if t.error):
-        console.print(f"[red]{env_id}[/]: {error}", markup=True, highlight=False)
+        # escaped: an install hint's [EXTRA] is text, not markup
+        console.print(f"[red]{escape(env_id)}[/]: {escape(error)}", markup=True, highlight=False)
     write_report(out / "report.json", trajectories, meta={
         "agent": args.agent, "envs": env_ids, "seeds": seeds, "experience": args.experience,
         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
         "history": args.history, "env_kwargs": env_kwargs, "seconds": round(seconds, 2),
     })
     plot_success(out / "success.png", summaries, title=args.agent)
-    console.print(f"wrote {results_path}, {out / 'report.json'}, {out / 'success.png'}")
+    console.print(f"wrote {results_path}, {out / TRANSCRIPTS}, {out / 'report.json'}, "
+                  f"{out / 'success.png'}")
     if all(t.error for t in trajectories):
         console.print("[red]No episode ran to the end[/] (errors above): nothing was measured.")
         return 1
