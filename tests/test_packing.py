@@ -253,7 +253,8 @@ def test_trainer_rows_pack_what_packs_and_report_the_fraction(backend):
     full.reward, window.reward = 1.0, 0.0
     zero = _play(backend, seed=1)
     zero.group_id, zero.reward = 1, 0.5  # alone in its subgroup: advantage 0, not trained
-    trainer = SimpleNamespace(cfg=SimpleNamespace(actor=SimpleNamespace(normalize_std=False)))
+    trainer = SimpleNamespace(cfg=SimpleNamespace(
+        actor=SimpleNamespace(normalize_std=False, max_logprob_gap=0.1)))
     rows = Trainer._actor_rows(trainer, [full, window, zero])
     assert trainer.packed_fraction == 0.5
     assert len(rows) == 1 + len(window.turns)
