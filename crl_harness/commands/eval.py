@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rich.markup import escape
+
 from crl_envs.errors import UserFacingError
 from crl_harness.commands.checks import AGENT_SPECS, check_agent, check_range, output_dir
 
@@ -247,7 +249,8 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
     title = f"{args.agent}: {len(trajectories)} episodes in {seconds:.1f}s"
     console.print(render_table(summaries, title=title))
     for env_id, error in dict.fromkeys((t.env_id, t.error) for t in trajectories if t.error):
-        console.print(f"[red]{env_id}[/]: {error}", markup=True, highlight=False)
+        # escaped: a hint such as pip install 'crl-gym[minihack]' is not rich markup
+        console.print(f"[red]{escape(env_id)}[/]: {escape(error)}", markup=True, highlight=False)
     write_report(out / "report.json", trajectories, meta={
         "agent": args.agent, "envs": env_ids, "seeds": seeds, "experience": args.experience,
         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
