@@ -48,7 +48,7 @@ from crl_harness.experience.bank import clean_text
 from crl_harness.experience.gate import Verdict, gate_messages, parse_verdict
 from crl_harness.models.base import STOP, Generation, ModelBackend
 from crl_harness.prompting import Conversation, format_error_message, parse_answer, system_prompt
-from wrappers.experience import DEFAULT_HEADER
+from crl_wrappers.experience import DEFAULT_HEADER
 
 __all__ = ["EpisodeSpec", "Turn", "GateRecord", "Trajectory", "RolloutConfig", "RolloutEngine",
            "LiveEpisode", "make_env", "task_id_of", "transcript_of"]
@@ -199,7 +199,7 @@ def make_env(env_id: str, retriever: Any = None, experience_k: int = 1, **kwargs
     """``gym.make(env_id)``, wrapped in ``ExperienceAugmentation`` when a retriever is given."""
     env = gym.make(env_id, **kwargs)
     if retriever is not None:
-        from wrappers.experience import ExperienceAugmentation
+        from crl_wrappers.experience import ExperienceAugmentation
 
         env = ExperienceAugmentation(env, retriever, k=experience_k, placement="instructions")
     return env
