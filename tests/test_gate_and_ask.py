@@ -28,7 +28,7 @@ from crl_harness.models.base import encode_chat  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
 from crl_harness.rollout import EpisodeSpec, RolloutEngine  # noqa: E402
 from crl_harness.trainer import Trainer  # noqa: E402
-from wrappers.experience import DEFAULT_HEADER  # noqa: E402
+from crl_wrappers.experience import DEFAULT_HEADER  # noqa: E402
 
 torch.set_num_threads(1)
 SOKOBAN = "CRL/Sokoban-v0"

@@ -9,10 +9,12 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import crl_envs  # noqa: F401  (registers the ids)
-from crl_envs.minihack import MiniHackEnv, make_raw_env
-from crl_envs.minihack.oracle import MiniHackOracle, parse_observation
-from crl_envs.minihack.render import UNEXPLORED
+pytest.importorskip("nle", reason="the minihack extra: pip install 'crl-gym[minihack]'")
+
+import crl_envs  # noqa: F401, E402  (registers the ids)
+from crl_envs.minihack import MiniHackEnv, make_raw_env  # noqa: E402
+from crl_envs.minihack.oracle import MiniHackOracle, parse_observation  # noqa: E402
+from crl_envs.minihack.render import UNEXPLORED  # noqa: E402
 
 IDS = ["CRL/MiniHackRoom-v0", "CRL/MiniHackMaze-v0", "CRL/MiniHackKeyRoom-v0", "CRL/MiniHackRiver-v0"]
 

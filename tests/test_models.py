@@ -211,7 +211,7 @@ def chat_server(backend):
 
 def test_openai_client_against_a_local_server(backend, chat_server):
     url = f"http://127.0.0.1:{chat_server.server_address[1]}/v1"
-    client = load_backend(f"openai:{url}#tiny", token_ids=True, backoff=0.01)
+    client = load_backend(f"openai:{url}#tiny", token_ids=True)
     remote = client.generate(CHATS, max_new_tokens=8, temperature=0.0, seed=5)
     local = backend.generate(CHATS, max_new_tokens=8, temperature=0.0)
     assert [g.token_ids for g in remote] == [g.token_ids for g in local]
@@ -225,12 +225,12 @@ def test_openai_client_against_a_local_server(backend, chat_server):
 
 def test_openai_client_errors_are_clear(chat_server):
     port = chat_server.server_address[1]
-    wrong_path = OpenAIBackend(f"http://127.0.0.1:{port}/nope", "tiny", backoff=0.01)
+    wrong_path = OpenAIBackend(f"http://127.0.0.1:{port}/nope", "tiny")
     chat_server.fail_left = 0
     with pytest.raises(OpenAIServerError, match="404"):
         wrong_path.generate(CHATS[:1], max_new_tokens=4, temperature=0.0)
     chat_server.server_close()  # nothing listens any more
-    closed = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "tiny", max_retries=1, backoff=0.01,
+    closed = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "tiny", max_retries=1,
                            timeout=2)
     with pytest.raises(OpenAIServerError, match="is the server running"):
         closed.generate(CHATS[:1], max_new_tokens=4, temperature=0.0)

@@ -13,8 +13,8 @@ import crl_envs
 from crl_envs.errors import UserFacingError
 from crl_envs.oracles import make_oracle
 from crl_harness.experience import AddEntry, ExperienceBank, ExperienceManager
-from wrappers import DEFAULT_HEADER, ExperienceAugmentation
-from wrappers.experience import retrieval_query
+from crl_wrappers import DEFAULT_HEADER, ExperienceAugmentation
+from crl_wrappers.experience import retrieval_query
 
 # Envs that run a real engine process per step (textworld, a shell): slow group (still in CI).
 SLOW_ENVS = {"CRL/ALFWorld-v0", "CRL/SWEBench-v0", "CRL/SWEBenchToy-v0"}

@@ -1,8 +1,9 @@
-"""Gymnasium wrappers over any CRL text env (they import only gymnasium).
+"""The older import name of ``crl_wrappers``, crl-gym's gymnasium wrappers: the same objects.
 
-- ``ExperienceAugmentation``: retrieved experience into the reset observation or instructions.
+``from wrappers import ExperienceAugmentation`` keeps working where the importing project has no
+``wrappers`` package of its own; where it has one, that one wins: import ``crl_wrappers``.
 """
 
-from wrappers.experience import DEFAULT_HEADER, ExperienceAugmentation, ExperienceItem, Retriever
+from crl_wrappers import DEFAULT_HEADER, ExperienceAugmentation, ExperienceItem, Retriever
 
 __all__ = ["ExperienceAugmentation", "ExperienceItem", "Retriever", "DEFAULT_HEADER"]

@@ -77,3 +77,7 @@ def check_agent(spec: str) -> None:
         raise UserFacingError(f"--agent {spec!r} names no model; use one of: {AGENT_SPECS}.")
     if kind == "openai" and not target.partition("#")[2].strip():
         raise UserFacingError(f"--agent {spec[:80]!r}: openai needs BASE_URL#MODEL.")
+    if kind == "openai":
+        from crl_harness.models.openai import check_base_url
+
+        check_base_url(target.partition("#")[0])

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from crl_envs.errors import UserFacingError
 from crl_harness.commands.checks import AGENT_SPECS, check_agent, check_range, output_dir
 
@@ -42,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue the interrupted eval in --out (same settings): episodes "
                              "already in its results.jsonl are not played again")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="cap on one reply")
+    parser.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+                        help="the model's context in tokens, which prompt and reply share (the "
+                             "history is cut to fit); default: the model's own (openai: the "
+                             "server's model info, else 8192)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--history", type=int, default=None,
@@ -142,6 +148,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_range("--workers", args.workers, 1, 1024)
     check_range("--experience-k", args.experience_k, 1, 100)
     check_range("--max-new-tokens", args.max_new_tokens, 1)
+    check_range("--max-context", args.max_context, 2)
     check_range("--max-live", args.max_live, 1)
     check_range("--history", args.history, 0)
     check_range("--temperature", args.temperature, 0.0)
@@ -267,7 +274,6 @@ def _remove_unused(folder: Path) -> None:
 def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds: list[int],
               env_kwargs: dict[str, Any], retriever: _RetrieveOnly | None) -> int:
     """``crl eval``'s episodes, table, report and chart, once the arguments are checked."""
-    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from crl_harness.eval import (
@@ -300,7 +306,8 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
         from crl_harness.models.registry import load_backend
 
         backend = load_backend(args.agent, kv_reuse=not args.no_kv_reuse,
-                               kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype)
+                               kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype,
+                               max_context=args.max_context)
         # A reply may take at most half the context: the rest is for the prompt.
         check_range("--max-new-tokens", args.max_new_tokens, 1, backend.max_context // 2)
         dtype = str(backend.model.dtype).removeprefix("torch.")
@@ -308,7 +315,14 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
     elif args.agent.startswith("vllm:"):
         from crl_harness.models.registry import load_backend
 
-        backend = load_backend(args.agent, dtype=args.dtype)
+        extra = {} if args.max_context is None else {"max_context": args.max_context}
+        backend = load_backend(args.agent, dtype=args.dtype, **extra)
+    elif args.agent.startswith("openai:"):
+        from crl_harness.models.registry import load_backend
+
+        backend = load_backend(args.agent, max_context=args.max_context)
+        check_range("--max-new-tokens", args.max_new_tokens, 1, backend.max_context // 2)
+        console.print(f"context {backend.max_context} tokens ({backend.context_source})")
     rollout = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, history=args.history, max_live=args.max_live,
                             workers=args.workers, experience_k=args.experience_k, seed=args.seed,

@@ -7,7 +7,7 @@ Holds:
 - ``DistillationRequest``: one finished episode sent for distillation.
 - ``ManagerConfig``: every setting of the manager.
 - ``ExperienceManager``:
-  - retrieval (the retriever protocol of ``wrappers.experience``): queries go to a queue, a
+  - retrieval (the retriever protocol of ``crl_wrappers.experience``): queries go to a queue, a
     batcher groups them (up to ``batch_size`` queries or ``batch_wait_s``, sent early once no
     query joined for ``batch_gap_s``) and ``search_workers`` threads serve the batches under the
     read lock, each scored in one matrix product (``search_many``); a query that finds nobody

@@ -69,6 +69,12 @@ class Generation:
     logprobs: list[float]
     finish_reason: str
     meta: dict[str, Any] = field(default_factory=dict)
+    usage_tokens: int = 0
+    """the reply's tokens as the server counted them (its ``usage``), for a backend that may
+    return no token ids; 0: count ``token_ids``"""
+    error: str = ""
+    """why there is no reply to this prompt (a prompt over the server's context, a timeout): the
+    rollout ends that episode with this error and the others go on; empty when there is one"""
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,47 @@
+"""crl-gym's import names do not collide with a project's own packages: a ``wrappers`` package of
+the importing project (common in RL code) shadows crl-gym's older ``wrappers`` name, never the
+library, which imports its wrappers as ``crl_wrappers``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -c code`` in ``cwd`` (first on sys.path), with this checkout after it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_projects_own_wrappers_package_leaves_the_library_working(tmp_path):
+    (tmp_path / "wrappers").mkdir()
+    (tmp_path / "wrappers" / "__init__.py").write_text("MINE = True\n")
+    (tmp_path / "wrappers" / "experience.py").write_text("MINE_TOO = True\n")
+    done = _run("import gymnasium as gym, wrappers, crl_envs, crl_harness.rollout\n"
+                "from crl_wrappers import ExperienceAugmentation\n"
+                "assert wrappers.MINE  # the project's own package\n"
+                "class NoTips:\n"
+                "    def retrieve(self, env_id, query, k): return []\n"
+                "env = ExperienceAugmentation(gym.make('CRL/Sokoban-v0'), NoTips())\n"
+                "obs, info = env.reset(seed=0)\n"
+                "assert info['experience_ids'] == []\n"
+                "print('ok')", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_the_older_name_is_the_same_objects_where_nothing_shadows_it(tmp_path):
+    done = _run("import crl_wrappers, crl_wrappers.experience as new\n"
+                "from wrappers import ExperienceAugmentation\n"
+                "from wrappers.experience import retrieval_query\n"
+                "assert ExperienceAugmentation is crl_wrappers.ExperienceAugmentation\n"
+                "assert retrieval_query is new.retrieval_query\n"
+                "print('ok')", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

@@ -1,0 +1,256 @@
+"""The ``openai:`` backend: token counts from the server's usage, the context budget (the server's
+model info or ``--max-context``), a URL without a scheme as one line, and per-episode errors
+(a prompt over the context, a timeout) recorded in that episode while the eval goes on.
+
+Two servers: a small real HTTP server in this file that speaks the chat-completions protocol
+(canned replies, vLLM's error shapes, on demand), and, marked slow, ``transformers serve`` with
+the tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openai", reason="the openai extra: pip install 'crl-gym[openai]'")
+
+from crl_envs.errors import UserFacingError  # noqa: E402
+from crl_harness.cli import main  # noqa: E402
+from crl_harness.eval import episode_specs, evaluate, summarize  # noqa: E402
+from crl_harness.models.openai import DEFAULT_CONTEXT, OpenAIBackend, OpenAIServerError  # noqa: E402
+from crl_harness.models.registry import load_backend  # noqa: E402
+from crl_harness.rollout import RolloutConfig  # noqa: E402
+
+REPLY = "<think>I try north.</think><answer>north</answer>"
+OVERFLOW = ("This model's maximum context length is 64 tokens. However, you requested 99 tokens "
+            "in the messages. Please reduce the length of the messages.")
+
+
+class ChatServer(ThreadingHTTPServer):
+    """Chat completions with a canned reply; ``max_messages`` (a prompt with more messages is a
+    vLLM-style 400 context overflow), ``slow_word`` (a prompt holding it is answered after
+    ``delay`` s), ``context`` (the model info's ``max_model_len``; None: no model info)."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), ChatHandler)
+        self.max_messages: int | None = None
+        self.slow_word, self.delay = "", 0.0
+        self.context: int | None = None
+        self.requests: list[dict] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class ChatHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def do_GET(self):
+        server: ChatServer = self.server  # type: ignore[assignment]
+        if self.path != "/v1/models":
+            return self._send(404, {"error": {"message": "not found"}})
+        data = [] if server.context is None else [
+            {"id": "canned", "object": "model", "created": 0, "owned_by": "test",
+             "max_model_len": server.context}]
+        self._send(200, {"object": "list", "data": data})
+
+    def do_POST(self):
+        server: ChatServer = self.server  # type: ignore[assignment]
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        server.requests.append(body)
+        if self.path != "/v1/chat/completions":
+            return self._send(404, {"error": {"message": "not found"}})
+        messages = body["messages"]
+        if server.max_messages is not None and len(messages) > server.max_messages:
+            return self._send(400, {"object": "error", "message": OVERFLOW,
+                                    "type": "BadRequestError", "param": None, "code": 400})
+        text = " ".join(m["content"] for m in messages)
+        if server.slow_word and server.slow_word in text:
+            time.sleep(server.delay)
+        self._send(200, {
+            "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY},
+                         "finish_reason": "stop", "logprobs": None}],
+            # 2 characters a token, as MiniHack's maps run
+            "usage": {"prompt_tokens": len(text) // 2 + 8 * len(messages),
+                      "completion_tokens": 12, "total_tokens": 0}})
+
+    def _send(self, code: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
+            pass
+
+
+@pytest.fixture
+def server():
+    server = ChatServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_tokens_come_from_the_servers_usage_and_calibrate_the_budget(server):
+    client = OpenAIBackend(server.url, "canned")
+    prompt = [{"role": "user", "content": "#" * 400}]
+    assert client.count_tokens(prompt) == 200 + 8  # before any answer: 2 characters a token
+    [g] = client.generate([[{"role": "user", "content": "x" * 1000}]], max_new_tokens=16,
+                          temperature=0.0)
+    assert g.text == REPLY and g.usage_tokens == 12 and not g.error
+    assert client.count_tokens(prompt) == 200 + 8  # the server counted 2 characters a token
+
+
+def test_context_from_max_context_else_the_servers_model_info_else_the_default(server):
+    assert OpenAIBackend(server.url, "canned").max_context == DEFAULT_CONTEXT
+    server.context = 4096
+    served = OpenAIBackend(server.url, "canned")
+    assert (served.max_context, served.context_source) == (4096, "the server's model info")
+    given = load_backend(f"openai:{server.url}#canned", max_context=1024, dtype="auto")
+    assert (given.max_context, given.context_source) == (1024, "--max-context")
+
+
+def test_a_prompt_over_the_context_or_a_timeout_is_that_prompts_error(server):
+    server.max_messages, server.slow_word, server.delay = 1, "SLOW", 3.0
+    client = OpenAIBackend(server.url, "canned", timeout=0.5, max_retries=0)
+    ok, over, slow = client.generate(
+        [[{"role": "user", "content": "go"}],
+         [{"role": "system", "content": "rules"}, {"role": "user", "content": "go"}],
+         [{"role": "user", "content": "SLOW"}]], max_new_tokens=16, temperature=0.0)
+    assert ok.text == REPLY and not ok.error
+    assert over.error.startswith("openai: HTTP 400: This model's maximum context length is 64")
+    assert "did not answer within 0.5 s" in slow.error
+    assert "\n" not in over.error + slow.error
+
+
+def test_no_server_or_a_wrong_path_still_stops_at_once_with_one_line(server):
+    with pytest.raises(OpenAIServerError, match="404"):
+        OpenAIBackend(server.url.removesuffix("/v1") + "/nope", "canned").generate(
+            [[{"role": "user", "content": "go"}]], max_new_tokens=4, temperature=0.0)
+    port = server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    closed = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "canned", max_retries=0, timeout=2)
+    with pytest.raises(OpenAIServerError, match="is the server running"):
+        closed.generate([[{"role": "user", "content": "go"}]], max_new_tokens=4, temperature=0.0)
+
+
+def test_a_url_without_its_scheme_is_one_line(tmp_path, capsys):
+    with pytest.raises(UserFacingError, match=r"openai:http://localhost:8000/v1#MODEL"):
+        load_backend("openai:localhost:8000#m")
+    code = main(["eval", "--agent", "openai:localhost:8000#m", "--envs", "CRL/Sokoban-v0",
+                 "--episodes", "1", "--no-progress", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "'localhost:8000' is not a URL" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_overflowing_episode_is_recorded_and_the_eval_goes_on(server, tmp_path):
+    """Sokoban episodes of 2 steps fit; MiniHack episodes of 6 steps pass 6 messages at their
+    4th turn, which this server refuses as a context overflow: each of those ends with the
+    error in its own record, and every other episode is played."""
+    pytest.importorskip("nle", reason="the minihack extra: pip install 'crl-gym[minihack]'")
+    server.max_messages = 6
+    envs = ["CRL/Sokoban-v0", "CRL/MiniHackRoom-v0"]
+    rollout = RolloutConfig(max_new_tokens=16, env_kwargs={
+        "CRL/Sokoban-v0": {"max_episode_steps": 2},
+        "CRL/MiniHackRoom-v0": {"max_episode_steps": 6}})
+    agent = f"openai:{server.url}#canned"
+    trajectories = evaluate(agent, episode_specs(envs, [0, 1]), backend=load_backend(agent),
+                            rollout=rollout, results_path=tmp_path / "results.jsonl")
+    by_env = {s.env_id: s for s in summarize(trajectories)}
+    assert by_env["CRL/Sokoban-v0"].episodes == 2 and by_env["CRL/Sokoban-v0"].errors == 0
+    assert by_env["CRL/Sokoban-v0"].generated_tokens == 2 * 2 * 12  # the server's usage
+    assert by_env["CRL/MiniHackRoom-v0"].errors == 2
+    for t in trajectories:
+        if t.env_id == "CRL/MiniHackRoom-v0":
+            assert "maximum context length" in t.error and t.steps == 3
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert sum('"CRL/Sokoban-v0"' in line for line in lines) == 2
+
+
+# ----------------------------------------------------------------- a real server
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def transformers_server(tmp_path_factory):
+    """``transformers serve`` pinned to the tiny model (about 10 s to start here)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("fastapi", reason="transformers serve needs fastapi and uvicorn")
+    pytest.importorskip("uvicorn", reason="transformers serve needs fastapi and uvicorn")
+    command = shutil.which("transformers", path=str(Path(sys.executable).parent))
+    if command is None:
+        pytest.skip("no transformers command beside this Python")
+    from crl_harness.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("serve")
+    model = build_tiny_model(root / "tiny")
+    port = _free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(root / "hub"),
+           "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    (root / "hub").mkdir()
+    log = open(root / "serve.log", "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen([command, "serve", str(model), "--port", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                pytest.skip(f"transformers serve exited: {(root / 'serve.log').read_text()[-500:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("transformers serve did not listen within 120 s")
+                time.sleep(0.5)
+        yield url, str(model)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+@pytest.mark.slow
+def test_crl_eval_against_transformers_serve(transformers_server, tmp_path, capsys):
+    url, model = transformers_server
+    out = tmp_path / "run"
+    code = main(["eval", "--agent", f"openai:{url}#{model}", "--envs", "CRL/Sokoban-v0",
+                 "--episodes", "2", "--max-new-tokens", "16", "--max-context", "1024",
+                 "--no-progress", "--out", str(out), "--env-kwargs", "max_episode_steps=3"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "context 1024 tokens (--max-context)" in printed.out
+    report = json.loads((out / "report.json").read_text())
+    [sokoban] = report["envs"]
+    assert sokoban["episodes"] == 2 and sokoban["errors"] == 0
+    assert sokoban["generated_tokens"] > 0  # the server's usage: the tiny model's replies
+    assert all(e["generated_tokens"] > 0 for e in report["episodes"])
