@@ -160,10 +160,18 @@ def test_missing_extra_hardening_is_one_line_naming_the_extra(tmp_path, capsys, 
     assert err == ("crl play: No module named 'torch': pip install 'crl-gym[train]' (the train "
                    "extra).\n")
 
-    monkeypatch.setitem(sys.modules, "swebench", None)  # import swebench now fails
-    # ... also for the env's own modules, when an earlier test imported them already
-    for name in [m for m in sys.modules if m.startswith(("swebench.", "crl_envs.swebench"))]:
-        monkeypatch.delitem(sys.modules, name)
+    # The SWE toy env as on a machine without the swebench extra (a test double: its modules may
+    # be imported already, and re-importing them would leave other tests with stale classes).
+    import gymnasium
+
+    make = gymnasium.make
+
+    def make_without_swebench(env_id, *args, **kwargs):
+        if "SWEBench" in str(env_id):
+            raise ModuleNotFoundError("No module named 'swebench'", name="swebench")
+        return make(env_id, *args, **kwargs)
+
+    monkeypatch.setattr(gymnasium, "make", make_without_swebench)
     assert demo.runnable_envs(["CRL/SWEBenchToy-v0", "CRL/Sokoban-v0"]) == ["CRL/Sokoban-v0"]
     printed = capsys.readouterr().out
     assert printed.count("\n") == 1 and "skipping CRL/SWEBenchToy-v0" in printed
