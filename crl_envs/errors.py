@@ -14,9 +14,10 @@ class UserFacingError(Exception):
 
 # Top-level module -> the crl-gym extra that installs it (pyproject.toml's optional-dependencies).
 EXTRAS: dict[str, str] = {
+    "nle": "minihack", "minihack": "minihack",
     "alfworld": "alfworld", "textworld": "alfworld",
     "nltk": "webshop", "regex": "webshop", "spacy": "webshop", "en_core_web_sm": "webshop",
-    "swebench": "swebench", "docker": "swebench",
+    "swebench": "swebench", "docker": "swebench", "unidiff": "swebench",
     "torch": "train", "transformers": "train", "peft": "train", "accelerate": "train",
     "gguf": "train", "tensorboard": "train",
     "sentence_transformers": "embed",

@@ -5,7 +5,8 @@ CONFIG is a YAML path or a name under ``assets/configs`` (``cpu-demo``, ``mix3``
 Metrics go to ``RUN_DIR/metrics.jsonl`` and TensorBoard, the curve to
 ``RUN_DIR/learning_curve.png``. A run directory holds one run: a fresh run into one that holds
 another is refused, naming ``--resume`` (continue that run from its latest checkpoint) and
-``--overwrite`` (delete it and start over). ``train`` is the same as a function that returns the
+``--overwrite`` (delete it and start over). ``--dry-run`` checks the models, data and env kwargs
+and prints the plan (``crl_harness.commands.dry_run``), training nothing. ``train`` is the same as a function that returns the
 run's final checkpoint (``crl demo`` evaluates it).
 """
 
@@ -30,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["local", "ray"], default=None,
                         help="shorthand for run.backend=...")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check models, data and env kwargs and print the plan (envs, "
+                             "episodes and tokens per step, memory, checkpoint size); train "
+                             "nothing")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +52,16 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"crl train: {err}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        from crl_harness.commands.dry_run import DryRunError, dry_run
+
+        try:
+            dry_run(cfg)
+        except DryRunError as err:
+            for problem in err.problems:
+                print(f"crl train --dry-run: {problem}", file=sys.stderr)
+            return 2
+        return 0
     train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     print(f"Run directory: {cfg.run.output_dir} (metrics.jsonl, learning_curve.png, "
           f"checkpoints/, tensorboard/)")
