@@ -1,7 +1,7 @@
-"""Benchmark data resolution and fetching (DESIGN.md, "Benchmark data").
+"""Benchmark data resolution and fetching (docs/design.md, "Benchmark data").
 
 One resolver for every dataset: an explicit argument, else ``$CRL_DATA_DIR/NAME``, else
-``../shared/data/NAME`` beside a checkout, else the user cache ``~/.cache/crl/NAME`` (filled by
+``../shared/data/NAME`` beside a checkout, else the user cache ``~/.cache/crl/data/NAME`` (filled by
 ``crl data fetch NAME`` from the upstream sources, with checksums). A missing dataset raises
 ``DataNotFoundError`` naming that command.
 

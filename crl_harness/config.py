@@ -2,9 +2,10 @@
 
 Holds ``TrainConfig`` (the whole run) and its parts ``RunConfig``, ``TaskConfig`` (+ ``EnvEntry``),
 ``ActorConfig``, ``ExtractorConfig``, ``ExperienceConfig``, ``LoRAConfig``; ``load_config`` and
-``ConfigError``. The defaults are the paper's released settings (PAPER.md), except the released
-code's two switches ``experience.actor_critic_gate`` and ``experience.search_and_ask``, off here
-(README, Training); a YAML file under ``assets/configs/`` changes only what differs. The three arms are one switch, ``arm``:
+``ConfigError``. The defaults are the paper's released settings (docs/method.md, which also lists
+where this code departs), except the released code's two switches ``experience.actor_critic_gate``
+and ``experience.search_and_ask``, off here (README, Training); a YAML file under
+``assets/configs/`` changes only what differs. The three arms are one switch, ``arm``:
 
 - ``co-evolve``: Complementary RL, the extractor is trained by CISPO;
 - ``static``: the extractor is frozen, but the bank is still written and used;

@@ -1,4 +1,4 @@
-"""The two losses of Complementary RL, written as the formulas of PAPER.md.
+"""The two losses of Complementary RL, written as the formulas of docs/method.md.
 
 Holds:
 - ``subgroup_advantages``: the actor's advantages, A = r - mean(r of the same subgroup), where a
@@ -64,7 +64,7 @@ def subgroup_advantages(
 
     ``subgroups[i]`` names the subgroup of rollout i, e.g. ``(group_id, use_experience)``: the
     guided and the free rollouts of one seed are normalised separately, so the guided ones cannot
-    take the credit (PAPER.md). The std is the population std (a subgroup of one has A = 0).
+    take the credit (docs/method.md). The std is the population std (a subgroup of one has A = 0).
 
     >>> subgroup_advantages([1, 0, 1, 1], [("g", False), ("g", False), ("g", True), ("g", True)])
     tensor([ 0.5000, -0.5000,  0.0000,  0.0000])

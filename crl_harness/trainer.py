@@ -1,4 +1,4 @@
-"""The Complementary RL training loop (PAPER.md), top to bottom.
+"""The Complementary RL training loop (docs/method.md; the step: docs/design.md), top to bottom.
 
 Holds ``Trainer``. One step:
 
@@ -267,8 +267,9 @@ class Trainer:
             self._credit_relative(trajectories)
 
         # 3. Finished trajectories of the guided slots go to the Experience Manager at once: their
-        #    distillation runs in the background while the actor trains (PAPER.md's two loops);
-        #    during the retrieval warm-up they played without experience, and fill the bank.
+        #    distillation runs in the background while the actor trains (the two tracks of
+        #    docs/method.md); during the retrieval warm-up they played without experience, and
+        #    fill the bank.
         if self.experience is not None:
             G, guided = cfg.tasks.group_size, cfg.tasks.guided_per_group
             self.experience.submit([
@@ -400,8 +401,9 @@ class Trainer:
         self.awaiting_training = 0
 
     def _update_extractor(self, buffer: list[GenerationReward]) -> UpdateStats | None:
-        """CISPO on ``buffer``: one sample per generation and A = reward - batch mean (PAPER.md),
-        or, with ``extractor.repeat_by_uses``, each generation counted once per use."""
+        """CISPO on ``buffer``: one sample per generation and A = reward - batch mean
+        (docs/method.md), or, with ``extractor.repeat_by_uses``, each generation counted once per
+        use."""
         usable = [g for g in buffer if getattr(g.output, "token_ids", None)]
         if not usable:
             return None

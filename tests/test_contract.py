@@ -1,4 +1,4 @@
-"""The text-env contract of DESIGN.md, checked on every registered CRL env.
+"""The text-env contract of docs/design.md, checked on every registered CRL env.
 
 Each env also has its own tests; this file holds what every env must share: gymnasium's
 ``check_env`` (unwrapped and made), the info keys, deterministic reset, truncation through

@@ -135,8 +135,8 @@ def test_malformed_answer_is_not_trained_by_default_and_the_format_penalty_is_op
 
 
 def test_generation_used_in_two_steps_before_training_gets_the_mean_of_both(bank):
-    """The reward is the mean over every use until the generation is trained (PAPER.md); reading
-    it at the end of a step must not freeze it."""
+    """The reward is the mean over every use until the generation is trained (docs/method.md);
+    reading it at the end of a step must not freeze it."""
     with ExperienceManager(bank, lesson_extractor) as manager:
         manager.submit(request("open the locked door with the key"))
         manager.flush()

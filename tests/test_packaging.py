@@ -110,6 +110,8 @@ def test_wheel_installs_assets_that_an_installed_copy_finds(tmp_path):
         check=True, capture_output=True, text=True, cwd=elsewhere, env=_clean_env()).stdout.strip())
     installed = {p.relative_to(installed_root) for p in installed_root.rglob("*") if p.is_file()}
     assert shipped == installed  # pyproject's data-files miss nothing (a new warm start folder)
+    docs = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert docs and docs == {p.name for p in (installed_root.parent / "docs").glob("*.md")}
 
     checks = subprocess.run([str(python), "-c", WHEEL_CHECKS], capture_output=True, text=True,
                             cwd=elsewhere, env=_clean_env())

@@ -4,7 +4,7 @@ Holds ``load_instances`` (rows in swebench 5.x's format, through ``crl_envs.data
 ``read_task_ids`` (a task list given as ids or a file), ``UPSTREAM_ID``, ``TOY_DIR``.
 
 Rows are read with swebench's own ``load_swebench_dataset``. SWE-bench Verified resolves as
-``swebench/verified_test.parquet`` under the data directories of DESIGN.md; where it is absent,
+``swebench/verified_test.parquet`` under the data directories of docs/design.md; where it is absent,
 the upstream dataset id is loaded from the Hugging Face hub (machines with internet).
 """
 

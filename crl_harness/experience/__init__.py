@@ -1,5 +1,6 @@
 """Experience for Complementary RL: the bank, retrieval, the extractor's operations and the
-asynchronous Experience Manager (PAPER.md, "Experience bank" and "Asynchronous infrastructure").
+asynchronous Experience Manager (docs/method.md, "The experience bank" and "The Experience
+Manager and its asynchronous loop").
 
 - ``bank``: ``ExperienceBank`` (SQLite WAL, crash-safe, FIFO capacity, JSONL export/import).
 - ``retrieval``: BM25 (bm25s) and dense indexes, the diversity re-rank, ``RetrievalConfig``.

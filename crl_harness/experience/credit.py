@@ -3,13 +3,14 @@ the episodes that used it ended.
 
 Holds ``GenerationReward`` (what the trainer reads) and ``CreditLedger``. A generation's reward is
 the mean, over the episodes that retrieved entries it wrote, of the credit each gave
-(``entry_credit``): the paper's is the episode's score, with a score of 0 counted as -1 (PAPER.md,
-"Extractor: CISPO, credited by use"); the relative one (``experience.credit: relative``) is the
-score minus the mean score of the group's free subgroup (``free_baselines``), the same level at
-the same step without experience, so that a lesson is credited with the help it gave rather than
-with its level's success rate. With the actor-critic gate, the entries shown are credited by the
-actor's verdict instead (``gated_credit``). Its record stays in the ledger until the trainer
-trains on it and ``release``-s it, so every use until then counts.
+(``entry_credit``): the paper's is the episode's score, with a score of 0 counted as -1
+(docs/method.md, "The extractor: CISPO on credit by use"); the relative one
+(``experience.credit: relative``) is the score minus the mean score of the group's free subgroup
+(``free_baselines``), the same level at the same step without experience, so that a lesson is
+credited with the help it gave rather than with its level's success rate. With the actor-critic
+gate, the entries shown are credited by the actor's verdict instead (``gated_credit``). Its record
+stays in the ledger until the trainer trains on it and ``release``-s it, so every use until then
+counts.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The Experience Manager: the background track that owns the bank (PAPER.md, "Asynchronous
-infrastructure").
+"""The Experience Manager: the background track that owns the bank (docs/method.md, "The Experience
+Manager and its asynchronous loop").
 
 Holds:
 - ``ReadWriteLock``: shared readers, exclusive writers, phase-fair (a waiting writer blocks new

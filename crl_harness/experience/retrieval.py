@@ -1,5 +1,5 @@
 """Retrieval over one env partition of the bank: BM25 (default) or dense embeddings, then the
-diversity re-rank of PAPER.md ("Experience bank").
+diversity re-rank of docs/method.md ("The experience bank").
 
 Holds:
 - ``RetrievalConfig``: every retrieval setting (backend, candidates, count penalty, recency
