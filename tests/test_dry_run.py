@@ -105,8 +105,11 @@ def test_dry_run_hardening_names_missing_data_in_one_line(tmp_path: Path, capsys
                                                           monkeypatch) -> None:
     """WebShop with an empty data folder: the line names the dataset and how to fetch it."""
     from crl_envs import data
+    from crl_envs.webshop import env as webshop_env
 
     monkeypatch.setattr(data, "candidate_dirs", lambda name, path=None: [tmp_path / name])
+    # past the per-process cache of the catalogue, which an earlier test may have filled
+    monkeypatch.setattr(webshop_env, "shared_resources", webshop_env.shared_resources.__wrapped__)
     _no_training(monkeypatch)
     config = tmp_path / "webshop.yaml"
     config.write_text("name: ws\ntasks:\n  envs:\n    - {id: CRL/WebShop-v0}\n")
