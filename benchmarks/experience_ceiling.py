@@ -64,11 +64,10 @@ def main() -> None:
     from crl_harness.config import ConfigError, load_config
     from crl_harness.eval import format_paired, paired_difference, wilson_interval
     from crl_harness.models import load_backend
-    from crl_harness.models.registry import resolve_model_path
     from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 
     sys_path_benchmarks()
-    from retrieval_oracle import lessons, pools
+    from retrieval_oracle import lessons, oracle_play, pools
 
     try:
         cfg = load_config(args.config, args.set)
@@ -82,13 +81,7 @@ def main() -> None:
     finally:
         env.close()
 
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.warmstart.model[3:]))
-    play = {"tokenizer": tokenizer, "max_context": 8192,
-            "max_new_tokens": cfg.actor.max_new_tokens, "history": cfg.actor.history,
-            "env_kwargs": entry.kwargs, "options": entry.options or None}
-    routes = lessons(entry.id, seeds, play)
+    routes = lessons(entry.id, seeds, oracle_play(cfg))
     levels = [s for s in seeds if s in routes]
     if len(levels) < 2:
         raise SystemExit(f"only {len(levels)} pool level(s) have an oracle lesson; ask for more "

@@ -65,6 +65,20 @@ def lessons(env_id: str, seeds: list[int], play: dict) -> dict[int, object]:
     return out
 
 
+def oracle_play(cfg) -> dict:
+    """How the scripted oracle plays the config's first env for its lessons (as the warm start
+    does): its tokenizer, context, reply length, history and env kwargs."""
+    from transformers import AutoTokenizer
+
+    from crl_harness.models.registry import resolve_model_path
+
+    entry = cfg.tasks.envs[0]
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.warmstart.model[3:]))
+    return {"tokenizer": tokenizer, "max_context": 8192,
+            "max_new_tokens": cfg.actor.max_new_tokens, "history": cfg.actor.history,
+            "env_kwargs": entry.kwargs, "options": entry.options or None}
+
+
 def hit_rate(cfg, seeds: list[int], routes: dict, query: str, rerank: bool,
              episodes: int) -> tuple[int, int]:
     """Guided episodes (of levels that have a lesson) that retrieved their own level's lesson,
@@ -132,7 +146,6 @@ def main() -> None:
 
     import crl_envs  # noqa: F401  (registers the ids)
     from crl_harness.config import ConfigError, load_config
-    from crl_harness.models.registry import resolve_model_path
 
     try:
         cfg = load_config(args.config, args.set)
@@ -148,12 +161,7 @@ def main() -> None:
         print(f"tasks.seeds=[{','.join(map(str, pool['distinct']))}]")
         return
 
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.warmstart.model[3:]))
-    play = {"tokenizer": tokenizer, "max_context": 8192,
-            "max_new_tokens": cfg.actor.max_new_tokens, "history": cfg.actor.history,
-            "env_kwargs": entry.kwargs, "options": entry.options or None}
+    play = oracle_play(cfg)
     t = cfg.tasks
     print(f"{args.config}: {entry.id} {entry.kwargs}; {args.levels} levels, {args.episodes} guided "
           f"episodes ({t.groups_per_step} groups x {t.guided_per_group} guided a step)")

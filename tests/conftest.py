@@ -1,5 +1,5 @@
 """Shared fixtures: data-dependent tests skip with the fetch command when the data is absent,
-tests of an optional extra with the pip command when it is not installed; ``gpu`` tests skip with the reason where torch sees no CUDA device; ``alternating_rewards``."""
+tests of an optional extra with the pip command when it is not installed; ``gpu`` tests skip with the reason where torch sees no CUDA device; ``alternating_rewards``; ``without_module``."""
 
 from __future__ import annotations
 
@@ -69,4 +69,23 @@ def alternating_rewards():
             return [dataclasses.replace(t, reward=float(i % 2)) for i, t in enumerate(run(specs))]
 
         trainer.rollouts.run = run_with_rewards
+    return patch
+
+
+@pytest.fixture
+def without_module(monkeypatch):
+    """Makes ``gymnasium.make`` of the env ids that contain a word fail as on a machine without
+    an extra's module (a test double: the env's modules may be imported already, and dropping
+    them from ``sys.modules`` to re-import them would leave other tests with stale classes)."""
+    def patch(word: str, module: str) -> None:
+        import gymnasium
+
+        make = gymnasium.make
+
+        def make_without(env_id, *args, **kwargs):
+            if word in str(env_id):
+                raise ModuleNotFoundError(f"No module named '{module}'", name=module)
+            return make(env_id, *args, **kwargs)
+
+        monkeypatch.setattr(gymnasium, "make", make_without)
     return patch

@@ -146,7 +146,8 @@ def test_crl_version_prints_the_package_version(capsys):
     assert capsys.readouterr().out.strip() == f"crl-gym {version()}"
 
 
-def test_missing_extra_hardening_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+def test_missing_extra_hardening_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch,
+                                                             without_module):
     """A missing optional extra: one line with its install command, from the CLI, from crl demo
     --no-train (the env is skipped) and in crl eval's table of env errors (the [EXTRA] kept)."""
     from crl_harness.commands import demo, play
@@ -160,18 +161,7 @@ def test_missing_extra_hardening_is_one_line_naming_the_extra(tmp_path, capsys, 
     assert err == ("crl play: No module named 'torch': pip install 'crl-gym[train]' (the train "
                    "extra).\n")
 
-    # The SWE toy env as on a machine without the swebench extra (a test double: its modules may
-    # be imported already, and re-importing them would leave other tests with stale classes).
-    import gymnasium
-
-    make = gymnasium.make
-
-    def make_without_swebench(env_id, *args, **kwargs):
-        if "SWEBench" in str(env_id):
-            raise ModuleNotFoundError("No module named 'swebench'", name="swebench")
-        return make(env_id, *args, **kwargs)
-
-    monkeypatch.setattr(gymnasium, "make", make_without_swebench)
+    without_module("SWEBench", "swebench")  # the SWE toy env as without the swebench extra
     assert demo.runnable_envs(["CRL/SWEBenchToy-v0", "CRL/Sokoban-v0"]) == ["CRL/Sokoban-v0"]
     printed = capsys.readouterr().out
     assert printed.count("\n") == 1 and "skipping CRL/SWEBenchToy-v0" in printed

@@ -81,19 +81,10 @@ def test_dry_run_hardening_names_a_bad_env_kwarg_in_one_line(kwarg: str, expecte
     assert expected in lines[0]
 
 
-def test_dry_run_hardening_names_a_missing_extra_in_one_line(capsys, monkeypatch) -> None:
-    """An env whose extra is not installed: its install command (a test double at
-    gymnasium.make, as test_cli's missing-extra test)."""
-    import gymnasium
-
-    make = gymnasium.make
-
-    def make_without_nle(env_id, *args, **kwargs):
-        if "MiniHack" in str(env_id):
-            raise ModuleNotFoundError("No module named 'nle'", name="nle")
-        return make(env_id, *args, **kwargs)
-
-    monkeypatch.setattr(gymnasium, "make", make_without_nle)
+def test_dry_run_hardening_names_a_missing_extra_in_one_line(capsys, monkeypatch,
+                                                           without_module) -> None:
+    """An env whose extra is not installed: its install command."""
+    without_module("MiniHack", "nle")
     _no_training(monkeypatch)
     assert main(["train", "cpu-demo", "--dry-run"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
