@@ -290,3 +290,30 @@ def test_hardening_a_wrong_or_damaged_model_folder_is_one_line_naming_it(tiny_di
                  "--episodes", "1", "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert "sentencepiece" not in line and "is not a model folder" in line
+
+
+def test_hardening_a_hub_id_without_the_hub_fails_at_once_in_one_line(monkeypatch):
+    """An `hf:` id that is neither a folder nor cached, on a machine that cannot reach the hub:
+    one line at once (transformers alone retried the hub for about a minute here)."""
+    import time
+
+    from crl_harness.models import hf
+
+    monkeypatch.setattr(hf, "hub_reachable", lambda timeout=3.0: False)
+    start = time.perf_counter()
+    with pytest.raises(ModelNotFoundError) as err:
+        HFBackend("someorg/no-such-model-anywhere")
+    assert time.perf_counter() - start < 20
+    message = str(err.value)
+    assert "\n" not in message and "someorg/no-such-model-anywhere" in message
+    assert "cached files" in message and ".." not in message
+
+
+def test_hub_reachable_honours_hf_hub_offline(monkeypatch):
+    from crl_harness.models.hf import hub_reachable
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_reachable() is False
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing answers
+    assert hub_reachable(timeout=1.0) is False

@@ -59,6 +59,24 @@ def _resolve_device(torch: Any, device: str) -> str:
     return device
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub (``$HF_ENDPOINT``, default huggingface.co) answers a TCP
+    connection within ``timeout`` seconds; False under ``HF_HUB_OFFLINE=1``."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co",
+                                       url.port or (80 if url.scheme == "http" else 443)),
+                                      timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def cpu_computes_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX-BF16, from Linux's
     ``/proc/cpuinfo``), where a bf16 model runs about twice as fast as fp32; without them torch
@@ -187,6 +205,10 @@ class HFBackend:
             path = resolve_model_path(adapter_base(adapter))
         if not gguf_file and Path(path).expanduser().is_dir():
             check_model_folder(Path(path).expanduser())
+        elif not Path(path).expanduser().exists() and not hub_reachable():
+            # a hub id on a machine without the hub: its cache only, at once (transformers would
+            # retry the hub for about a minute before saying the same)
+            extra["local_files_only"] = True
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, **extra)
             # An adapter is merged into an fp32 base and only then cast: merged in bf16, each
@@ -204,8 +226,9 @@ class HFBackend:
                 # the trainer may fine-tune in full
                 self.model.requires_grad_(True)
         except OSError as err:
+            reason = " ".join(str(err).split()).rstrip(".")  # one line
             raise ModelNotFoundError(
-                f"Could not load a transformers model from {path!r}: {err}. Pass a local model "
+                f"Could not load a transformers model from {path!r}: {reason}. Pass a local model "
                 "directory, a .gguf file, a Hugging Face id reachable from this machine, or a "
                 "short name such as 'smollm2-135m' (see crl_harness.models.registry)."
             ) from err
