@@ -180,7 +180,8 @@ class ActorConfig:
     the learner's function (a missed weight sync, a lossy dtype)"""
     kv_cache_tokens: int = 65_536
     """tokens of keys/values the rollout backend keeps to reuse between turns (least recently
-    used evicted; SmolLM2-135M in fp32: 46 KB a token)"""
+    used evicted; SmolLM2-135M in fp32: 46 KB a token); the extractor's backend (or engine)
+    keeps as many"""
     lr: float = 1e-6
     clip_eps: float = 0.2
     """PPO clip range"""

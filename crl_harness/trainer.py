@@ -188,9 +188,11 @@ class Trainer:
         if cfg.uses_experience:
             spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
             vllm_static = cfg.extractor.rollout_engine == "vllm" and not cfg.trains_extractor
-            # with "same": a second copy of the base model
-            extractor_backend = load_backend(("vllm:" + spec.removeprefix("hf:")) if vllm_static
-                                             else spec, dtype=cfg.extractor.dtype)
+            # with "same": a second copy of the base model, with the same KV budget as the actor's
+            extractor_backend = load_backend(
+                ("vllm:" + spec.removeprefix("hf:")) if vllm_static else spec,
+                dtype=cfg.extractor.dtype,
+                **({} if vllm_static else {"kv_cache_tokens": cfg.actor.kv_cache_tokens}))
             if cfg.trains_extractor:
                 self.extractor = self._learner("extractor", extractor_backend.model)
                 extractor_backend = self._sampler("extractor", extractor_backend)

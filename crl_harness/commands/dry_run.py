@@ -222,8 +222,7 @@ def _models(cfg: Any, problems: list[str]) -> tuple[list[ModelPlan], Any]:
             continue
         dtype = _auto_dtype(section.dtype)
         n_trained = (adapters if section.lora.enabled else params) if trained else 0
-        # the actor's backend keeps actor.kv_cache_tokens; the extractor's, the backend default
-        kv_tokens = cfg.actor.kv_cache_tokens if role == "actor" else 65_536
+        kv_tokens = cfg.actor.kv_cache_tokens  # the actor's and the extractor's backend alike
         where = source + (f"#{extra['gguf_file']}" if extra else "")
         plans.append(ModelPlan(role=role, spec=spec, source=f"adapters on {where}" if adapter
                                else where, params=params, trained=n_trained,
