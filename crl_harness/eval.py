@@ -344,7 +344,7 @@ def transcript_record(traj: Trajectory, agent: str) -> dict[str, Any]:
         "experience_ids": traj.experience_ids, "system": traj.system,
         "turns": [{"observation": t.observation, "reply": t.text, "action": t.action,
                    "format_ok": t.format_ok, "action_valid": t.action_valid, "reward": t.reward,
-                   "finish_reason": t.finish_reason, "generated_tokens": len(t.token_ids),
+                   "finish_reason": t.finish_reason, "generated_tokens": t.generated_tokens,
                    **({"ask": t.ask.query} if t.ask is not None else {})}
                   for t in traj.turns],
         "final_observation": traj.final_observation, "won": traj.won, "reward": traj.reward,

@@ -224,6 +224,7 @@ class Trainer:
             return learner_backend
         engine = SyncedVLLM(getattr(self, role), learner_backend.tokenizer,
                             max_context=learner_backend.max_context,
+                            kv_layout=learner_backend.kv_layout,
                             kv_cache_tokens=self.cfg.actor.kv_cache_tokens, seed=self.cfg.run.seed)
         self.engines[role] = engine
         return engine.backend

@@ -188,16 +188,12 @@ def _count(source: str, extra: dict[str, Any], lora: Any) -> tuple[int, int, int
     return params, adapters, kv, config
 
 
-def _auto_dtype(dtype: str) -> str:
-    if dtype != "auto":
-        return dtype
-    import torch
-
-    return "bfloat16" if torch.cuda.is_available() else "float32"
-
-
 def _models(cfg: Any, problems: list[str]) -> tuple[list[ModelPlan], Any]:
     """The models of ``cfg`` and the actor's tokenizer (None when the actor cannot be found)."""
+    import torch
+
+    from crl_harness.models.hf import resolve_dtype
+
     roles = [("actor", cfg.actor.model, True)]
     if cfg.uses_experience:
         spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
@@ -220,7 +216,7 @@ def _models(cfg: Any, problems: list[str]) -> tuple[list[ModelPlan], Any]:
         except Exception as err:  # noqa: BLE001 - each problem is reported, then the next checked
             problems.append(f"{key} {spec}: {_line(err)}")
             continue
-        dtype = _auto_dtype(section.dtype)
+        dtype = resolve_dtype(section.dtype, "cuda" if torch.cuda.is_available() else "cpu")
         n_trained = (adapters if section.lora.enabled else params) if trained else 0
         kv_tokens = cfg.actor.kv_cache_tokens  # the actor's and the extractor's backend alike
         where = source + (f"#{extra['gguf_file']}" if extra else "")

@@ -59,6 +59,17 @@ def _resolve_device(torch: Any, device: str) -> str:
     return device
 
 
+def resolve_dtype(dtype: str, device: str) -> str:
+    """The weights' dtype name: ``auto`` is bfloat16 on CUDA and float32 elsewhere.
+
+    >>> resolve_dtype("auto", "cuda:0"), resolve_dtype("auto", "cpu"), resolve_dtype("float16", "cpu")
+    ('bfloat16', 'float32', 'float16')
+    """
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
 def hub_reachable(timeout: float = 3.0) -> bool:
     """Whether the Hugging Face hub (``$HF_ENDPOINT``, default huggingface.co) answers a TCP
     connection within ``timeout`` seconds; False under ``HF_HUB_OFFLINE=1``."""
@@ -189,8 +200,7 @@ class HFBackend:
 
         keep_large_blocks_in_heap()
         device = _resolve_device(torch, device)
-        if dtype == "auto":
-            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        dtype = resolve_dtype(dtype, device)
         if attn_implementation == "grouped_decode":
             attn_implementation = GROUPED_DECODE
         path = str(path)

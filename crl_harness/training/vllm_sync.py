@@ -20,26 +20,22 @@ import tempfile
 import time
 from typing import Any
 
+from crl_harness.models.kv_cache import KVLayout
 from crl_harness.models.vllm import VLLMBackend
 from crl_harness.training.learner import PolicyLearner
 
 __all__ = ["SyncedVLLM", "engine_kv_gib"]
 
 
-def engine_kv_gib(model_config: Any, tokens: int, dtype_bytes: int) -> int:
-    """GiB of KV cache for ``tokens`` tokens of a model (keys and values of every layer), at
-    least 1: what ``kv_cache_tokens`` buys in vLLM's CPU cache.
+def engine_kv_gib(layout: KVLayout, tokens: int, dtype: Any) -> int:
+    """GiB of KV cache for ``tokens`` tokens of a model in ``dtype``, at least 1: what
+    ``kv_cache_tokens`` buys in vLLM's CPU cache.
 
-    >>> from types import SimpleNamespace
-    >>> smollm2 = SimpleNamespace(num_hidden_layers=30, num_key_value_heads=3, head_dim=64)
-    >>> engine_kv_gib(smollm2, 65_536, 4)   # 46 KB a token in fp32
+    >>> import torch
+    >>> engine_kv_gib(KVLayout(layers=30, kv_heads=3, head_dim=64), 65_536, torch.float32)
     3
     """
-    head_dim = getattr(model_config, "head_dim", None) or (
-        model_config.hidden_size // model_config.num_attention_heads)
-    per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads \
-        * head_dim * dtype_bytes
-    return max(1, math.ceil(tokens * per_token / 2**30))
+    return max(1, math.ceil(tokens * layout.bytes_per_token(dtype) / 2**30))
 
 
 class SyncedVLLM:
@@ -51,7 +47,7 @@ class SyncedVLLM:
     """
 
     def __init__(self, learner: PolicyLearner, tokenizer: Any, *, max_context: int,
-                 kv_cache_tokens: int, seed: int) -> None:
+                 kv_layout: KVLayout, kv_cache_tokens: int, seed: int) -> None:
         import torch
 
         self.learner = learner
@@ -65,8 +61,7 @@ class SyncedVLLM:
             engine_args["gpu_memory_utilization"] = 0.3
         self.backend = VLLMBackend(
             self._folder.name, dtype=str(dtype).removeprefix("torch."), max_context=max_context,
-            seed=seed, kv_cache_gib=engine_kv_gib(learner.base_model.config, kv_cache_tokens,
-                                                  torch.finfo(dtype).bits // 8),
+            seed=seed, kv_cache_gib=engine_kv_gib(kv_layout, kv_cache_tokens, dtype),
             **engine_args)
 
     def sync(self) -> float:
