@@ -205,9 +205,9 @@ def test_warm_start_cache_is_free_the_second_time_and_invalidated_by_the_adapter
     cfg = load_config(None, _overrides(model, tmp_path / "run"))
     cases = {"held-out": ([50_000_000, 50_000_001], False)}
 
-    def before(config=cfg):
+    def before(config=cfg, dtype="auto"):
         return evaluate_levels(config, f"hf:{actor}", cases, tmp_path / "out",
-                               cache=tmp_path / "cache")
+                               cache=tmp_path / "cache", dtype=dtype)
 
     first = before()
     assert plays == [2] and set(first["held-out"]) == {50_000_000, 50_000_001}
@@ -222,6 +222,8 @@ def test_warm_start_cache_is_free_the_second_time_and_invalidated_by_the_adapter
                                    "tasks.envs.0.kwargs={max_episode_steps: 3}"])
     before(other_env)
     assert plays == [2, 2, 2]  # as are other env kwargs
+    before(dtype="bfloat16")
+    assert plays == [2, 2, 2, 2]  # and another dtype of the weights (crl demo's bf16)
 
 
 # ------------------------------------------------------------------ hardening

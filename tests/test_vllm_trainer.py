@@ -201,3 +201,23 @@ def test_gpu_a_trainer_step_on_cuda_vllm(tmp_path, alternating_rewards):
     assert metrics["grad_norm/actor"] > 0 and metrics["time/sync"] > 0
     assert [(g.token_ids, g.logprobs) for g in after] != [(g.token_ids, g.logprobs) for g in before]
     assert "actor/logprob_gap_mean" in metrics
+
+
+def test_hardening_a_logprob_gap_over_max_logprob_gap_warns_and_is_counted():
+    """`max_logprob_gap` is the bound: a step over it warns, names the role and the setting, and
+    sets `*/logprob_gap_over_bound`; under it, neither."""
+    from types import SimpleNamespace
+
+    from crl_harness.trainer import Trainer
+    from crl_harness.training.learner import UpdateStats
+
+    cfg = load_config(None, ["actor.max_logprob_gap=0.05", "extractor.max_logprob_gap=0.5"])
+    trainer = SimpleNamespace(cfg=cfg, step=3)
+    over = UpdateStats(0.0, 0.0, 0.0, tokens=10, rows=2, logprob_gap_mean=0.2)
+    with pytest.warns(UserWarning, match=r"step 3: the actor's .*actor.max_logprob_gap = 0.05"):
+        Trainer._check_logprob_gap(trainer, over, over)  # the extractor's 0.2 is under its 0.5
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Trainer._check_logprob_gap(trainer, UpdateStats(0.0, 0.0, 0.0, 10, 2, 0.01), None)
