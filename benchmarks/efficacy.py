@@ -128,7 +128,7 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
 
     warm_cfg = run_config(args.config, args.arms[0], args.actor, args.seed, args.steps, out,
                           overrides)
-    warm = evaluate_levels(warm_cfg, warm_cfg.actor.model,
+    warm = evaluate_levels(warm_cfg, warm_cfg.starting_model(),
                            {"held-out": (heldout_seeds(warm_cfg, args.eval_levels), False)},
                            out / "warm-start", cache=default_cache())["held-out"]
     heldout = {(arm, seed): {int(s): won for s, won in json.loads(

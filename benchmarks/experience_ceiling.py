@@ -46,7 +46,7 @@ class LessonByLevel:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="cpu-demo")
-    parser.add_argument("--model", help="actor spec (default: the config's actor.model)")
+    parser.add_argument("--model", help="actor spec (default: the actor the config starts from)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--levels", type=int, default=32, help="pool levels (2..256)")
     parser.add_argument("--episodes-per-level", type=int, default=2, help="per arm (1..16)")
@@ -90,7 +90,7 @@ def main() -> None:
     arms = {"free": {}, "own": {s: s for s in levels},
             "wrong": {s: levels[(i + 1) % len(levels)] for i, s in enumerate(levels)}}
 
-    model = args.model or cfg.actor.model
+    model = args.model or cfg.starting_model()
     backend = load_backend(model, dtype=args.dtype)
     rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens,
                             temperature=cfg.actor.temperature, top_p=cfg.actor.top_p,

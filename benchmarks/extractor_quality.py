@@ -70,7 +70,7 @@ def verdict(answer: str, taught: tuple) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="cpu-demo")
-    parser.add_argument("--extractor", default=None, help="default: the config's extractor.model")
+    parser.add_argument("--extractor", default=None, help="default: the extractor the config starts from")
     parser.add_argument("--won", type=int, default=16, help="won episodes (1..200)")
     parser.add_argument("--lost", type=int, default=8, help="lost episodes (0..200)")
     parser.add_argument("--samples", type=int, default=2,
@@ -88,7 +88,7 @@ def main() -> None:
     from crl_harness.models.registry import load_backend
 
     cfg = load_config(args.config)
-    extractor = args.extractor or cfg.extractor.model
+    extractor = args.extractor or cfg.starting_model("extractor")
     backend = load_backend(extractor)
     episodes = oracle_episodes(cfg, backend, args.won, args.lost)
     prompts = [[{"role": "user", "content": distill_prompt(

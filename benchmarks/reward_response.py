@@ -60,7 +60,7 @@ def main() -> None:
         f"tasks.groups_per_step={args.episodes // 4}", "tasks.seed_count=1000000", *args.set]
     try:
         if args.lora is not None:
-            overrides += _lora_overrides(args.lora or load_config(args.config, overrides).actor.model)
+            overrides += _lora_overrides(args.lora or load_config(args.config, overrides).starting_model())
         if args.dtype is not None:
             overrides.append(f"actor.dtype={args.dtype}")
         runs = [(None, out, overrides)] if args.lr is None else [

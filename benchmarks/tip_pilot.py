@@ -68,7 +68,7 @@ def level_entries(cfg, seeds: list[int], tokenizer) -> tuple[list[int], dict, di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="cpu-demo")
-    parser.add_argument("--agent", default=None, help="default: the config's actor.model")
+    parser.add_argument("--agent", default=None, help="default: the actor the config starts from")
     parser.add_argument("--episodes", type=int, default=16, help="held-out levels tried")
     parser.add_argument("--out", default="runs/tip-pilot")
     args = parser.parse_args()
@@ -81,7 +81,7 @@ def main() -> None:
     from crl_harness.rollout import RolloutConfig
 
     cfg = load_config(args.config)
-    agent = args.agent or cfg.actor.model
+    agent = args.agent or cfg.starting_model()
     env = cfg.tasks.envs[0]
     seeds = list(range(cfg.tasks.heldout_offset, cfg.tasks.heldout_offset + args.episodes))
     out = Path(args.out)

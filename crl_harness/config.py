@@ -374,6 +374,21 @@ class TrainConfig:
     def trains_extractor(self) -> bool:
         return self.arm == "co-evolve"
 
+    def starting_model(self, role: str = "actor") -> str:
+        """The model a run's ``role`` (``actor`` or ``extractor``) starts from, as a backend
+        spec: the adapters its LoRA training continues (``hf:`` + ``lora.init_from``) when set,
+        else its ``model`` (the extractor's ``same``: the actor's); what "before training" means
+        in ``crl demo`` and the benchmarks.
+
+        >>> cfg = load_config(None, ["actor.model=hf:base", "actor.lora.enabled=true"])
+        >>> cfg.starting_model("actor"), cfg.starting_model("extractor")
+        ('hf:base', 'hf:base')
+        """
+        learner = getattr(self, role)
+        if learner.lora.enabled and learner.lora.init_from:
+            return f"hf:{learner.lora.init_from}"
+        return self.actor.model if learner.model == "same" else learner.model
+
     @property
     def retrieval_warmup(self) -> int:
         """Steps at the start without retrieval: ``experience.retrieval_warmup_steps``, else
@@ -756,9 +771,12 @@ def _model_key(name: str) -> str:
     return str(path.resolve()) if path.exists() else name
 
 
-def _lora_init_problem(cfg: TrainConfig, learner: str) -> tuple[str, str] | None:
+def _lora_init_problem(cfg: TrainConfig, learner: str, *, at_load: bool = True
+                       ) -> tuple[str, str] | None:
     """``(key, why)`` when ``{learner}.lora.init_from`` cannot be continued on that learner's
-    model: LoRA is off, the folder holds no adapters, or they were trained on another base."""
+    model: LoRA is off, the folder holds no adapters, or they were trained on another base. At
+    load, the config's own warm start output passes until it holds adapters (``crl warmstart``
+    writes them)."""
     from crl_harness.models.base import ModelLoadError, ModelNotFoundError
     from crl_harness.models.model_folder import adapter_base, is_adapter_folder
     from crl_harness.models.registry import resolve_model_path
@@ -773,8 +791,10 @@ def _lora_init_problem(cfg: TrainConfig, learner: str) -> tuple[str, str] | None
     try:
         folder = Path(resolve_model_path(lora.init_from)).expanduser()
     except ModelNotFoundError as err:
-        return key, str(err)
+        return None if at_load and own_warm_start(cfg, learner) else (key, str(err))
     if not is_adapter_folder(folder):
+        if at_load and own_warm_start(cfg, learner):
+            return None
         return key, (f"{lora.init_from} is not a LoRA adapter folder (no adapter_config.json); "
                      "give one written by crl warmstart (e.g. assets/warmstart/cpu-demo/actor) "
                      "or a LoRA run's checkpoints/step-N/actor_hf")
@@ -800,6 +820,16 @@ def _lora_init_problem(cfg: TrainConfig, learner: str) -> tuple[str, str] | None
     return None
 
 
+def own_warm_start(cfg: TrainConfig, learner: str) -> bool:
+    """Whether ``{learner}.lora.init_from`` names the adapters this config's own warm start
+    writes (``warmstart.output_dir``/``actor`` or ``/extractor``): a config that continues them
+    loads before they exist (``crl warmstart`` and ``crl demo`` make them); ``check_lora_fits``
+    checks them before training."""
+    init_from = getattr(cfg, learner).lora.init_from
+    return init_from is not None and Path(init_from).expanduser().resolve() == \
+        (Path(cfg.warmstart.output_dir).expanduser() / learner).resolve()
+
+
 def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
     """The LoRA settings of ``learners`` (``actor``, ``extractor``, ``warmstart``) against their
     model: every target module names a module of it and ``top_layers`` is at most its layers, or
@@ -808,6 +838,7 @@ def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from crl_harness.models.base import ModelNotFoundError
     from crl_harness.models.model_folder import adapter_base, is_adapter_folder
     from crl_harness.models.registry import resolve_model_path
 
@@ -817,12 +848,23 @@ def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
         lora: LoRAConfig = getattr(cfg, learner).lora
         if not lora.enabled or (learner == "extractor" and not cfg.trains_extractor):
             continue
+        if learner != "warmstart" and lora.init_from is not None:
+            if own_warm_start(cfg, learner) and not Path(lora.init_from).expanduser().exists():
+                raise ConfigError(f"bad config key '{learner}.lora.init_from': {lora.init_from} "
+                                  f"does not exist yet; `crl warmstart {cfg.name}` writes it (or "
+                                  "point it at other adapters)")
+            problem = _lora_init_problem(cfg, learner, at_load=False)
+            if problem is not None:
+                raise ConfigError(f"bad config key '{problem[0]}': {problem[1]}")
         if lora.init_from is not None:  # its own adapter_config.json fixes the shape (load time)
             continue
-        path = resolve_model_path(specs[learner].removeprefix("hf:"))
-        if is_adapter_folder(Path(path)):  # adapters are merged into their base first
-            path = resolve_model_path(adapter_base(Path(path)))
-        config = AutoConfig.from_pretrained(path)
+        try:
+            path = resolve_model_path(specs[learner].removeprefix("hf:"))
+            if is_adapter_folder(Path(path)):  # adapters are merged into their base first
+                path = resolve_model_path(adapter_base(Path(path)))
+            config = AutoConfig.from_pretrained(path)
+        except (ModelNotFoundError, OSError, ValueError):
+            continue  # no such model: loading it (or the dry run) says so in one line
         with torch.device("meta"):
             names = [name for name, _ in AutoModelForCausalLM.from_config(config).named_modules()]
         # peft's rule: a target matches a module named it or ending in ".TARGET"

@@ -32,7 +32,8 @@ def test_hardening_efficacy_flags_out_of_range_stop_with_usage(tmp_path, flags, 
 def test_hardening_efficacy_stops_at_the_first_failed_run_and_names_it(tmp_path):
     done = subprocess.run(
         [sys.executable, str(EFFICACY), "--out", str(tmp_path), "--steps", "1", "--repeats", "2",
-         "--arms", "none", "--jobs", "1", "--set", f"actor.model=hf:{tmp_path / 'no-such-model'}"],
+         "--arms", "none", "--jobs", "1", "--set", f"actor.model=hf:{tmp_path / 'no-such-model'}",
+         "actor.lora.init_from=null"],
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
     assert "efficacy: the none run of seed 0 failed" in done.stderr

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from crl_harness.cli import main
-from crl_harness.config import ConfigError, config_dir, load_config, updated_lesson_steps
+from crl_harness.config import (
+    ConfigError,
+    check_lora_fits,
+    config_dir,
+    load_config,
+    updated_lesson_steps,
+)
 
 SHIPPED = sorted(p.stem for p in config_dir().glob("*.yaml"))
 
@@ -191,7 +197,7 @@ def test_hardening_lora_that_does_not_fit_the_model_is_a_config_error_before_it_
                            "actor.lora.target_modules"),
                           ("actor.lora.top_layers=3", "actor.lora.top_layers")):
         assert main(["train", "cpu-demo", f"actor.model=hf:{model}", "actor.lora.enabled=true",
-                     override, f"run.output_dir={tmp_path / 'run'}", "--no-progress"]) == 2
+                     "actor.lora.init_from=null", override, f"run.output_dir={tmp_path / 'run'}", "--no-progress"]) == 2
         err = capsys.readouterr().err
         assert f"bad config key '{key}'" in err and "Traceback" not in err
         assert not (tmp_path / "run" / "config.json").exists()  # refused before the run began
@@ -229,19 +235,20 @@ def test_updated_lessons_are_retrieved_in_two_steps_of_cpu_demo():
     cfg = load_config("cpu-demo")
     assert updated_lesson_steps(cfg) == 2
     assert updated_lesson_steps(load_config("cpu-demo", ["run.steps=4"])) == 1
-    # train_after waits for generations from several steps: 8 at 4 a step take two
-    assert updated_lesson_steps(load_config("cpu-demo", ["extractor.train_after=8"])) == 1
-    assert updated_lesson_steps(load_config("cpu-demo", ["actor.warmup_steps=3"])) == 0
+    # train_after waits for generations from several steps: 32 at 16 a step take two
+    assert updated_lesson_steps(load_config("cpu-demo", ["extractor.train_after=32"])) == 1
+    assert updated_lesson_steps(load_config("cpu-demo", [
+        "experience.retrieval_warmup_steps=3"])) == 0
     # the lessons wait for the retrieval warm-up, not the actor's
     assert updated_lesson_steps(load_config("cpu-demo", [
         "actor.warmup_steps=3", "experience.retrieval_warmup_steps=1"])) == 2
 
 
 def test_retrieval_warmup_follows_the_actor_warmup_unless_set():
-    cfg = load_config("cpu-demo")  # sets actor.warmup_steps: 1 only
+    cfg = load_config(None, ["actor.warmup_steps=1"])
     assert cfg.experience.retrieval_warmup_steps is None
     assert (cfg.actor_warmup, cfg.retrieval_warmup) == (1, 1)
-    cfg = load_config("cpu-demo", ["actor.warmup_steps=0", "experience.retrieval_warmup_steps=2"])
+    cfg = load_config(None, ["actor.warmup_steps=0", "experience.retrieval_warmup_steps=2"])
     assert (cfg.actor_warmup, cfg.retrieval_warmup) == (0, 2)
     # arm none has no bank to wait for: its actor is never frozen
     assert load_config("cpu-demo", ["arm=none", "actor.warmup_steps=3"]).actor_warmup == 0
@@ -282,12 +289,25 @@ def _adapter_folder(folder: Path, base: str) -> Path:
     return folder
 
 
-def test_lora_init_from_the_shipped_warm_start_on_its_base_loads():
-    cfg = load_config("cpu-demo", ["actor.model=hf:smollm2-135m", "actor.lora.enabled=true",
-                                   "actor.lora.init_from=assets/warmstart/cpu-demo/actor",
-                                   "actor.dtype=bfloat16"])
+def test_cpu_demo_continues_its_warm_starts_adapters_on_their_base():
+    cfg = load_config("cpu-demo")
+    assert (cfg.actor.model, cfg.extractor.model) == ("hf:smollm2-135m",) * 2
     assert cfg.actor.lora.init_from == "assets/warmstart/cpu-demo/actor"
-    assert cfg.extractor.lora.init_from is None
+    assert cfg.extractor.lora.init_from == "assets/warmstart/cpu-demo/extractor"
+    assert cfg.starting_model("extractor") == "hf:assets/warmstart/cpu-demo/extractor"
+    # they follow the warm start: its base and its output folder
+    cfg = load_config("cpu-demo", ["warmstart.output_dir=/elsewhere", "warmstart.model=hf:tiny"])
+    assert (cfg.actor.model, cfg.actor.lora.init_from) == ("hf:tiny", "/elsewhere/actor")
+
+
+def test_hardening_a_warm_start_not_yet_made_loads_and_train_asks_for_it(tmp_path, capsys):
+    cfg = load_config("cpu-demo", [f"warmstart.output_dir={tmp_path / 'w'}"])
+    with pytest.raises(ConfigError, match="does not exist yet; `crl warmstart cpu-demo` writes"):
+        check_lora_fits(cfg, ("actor", "extractor"))
+    assert main(["train", "cpu-demo", f"warmstart.output_dir={tmp_path / 'w'}",
+                 f"run.output_dir={tmp_path / 'run'}"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "crl warmstart cpu-demo" in line and not (tmp_path / "run").exists()
 
 
 def test_hardening_lora_init_from_that_cannot_continue_is_one_config_error(tmp_path):
@@ -305,11 +325,11 @@ def test_hardening_lora_init_from_that_cannot_continue_is_one_config_error(tmp_p
          "actor.lora.init_from", f"holds adapters of {base}, not of actor.model"),
         (on + [f"actor.model=hf:{adapter}", f"actor.lora.init_from={adapter}"],
          "actor.lora.init_from", "is itself an adapter folder"),
-        ([f"actor.model=hf:{base}", f"actor.lora.init_from={adapter}"],
+        (["actor.lora.enabled=false", f"actor.model=hf:{base}", f"actor.lora.init_from={adapter}"],
          "actor.lora.init_from", "actor.lora.enabled must be true"),
         ([f"warmstart.lora.init_from={adapter}"], "warmstart.lora.init_from", "fresh adapters"),
-        # the shipped warm start's actor is itself an adapter folder (cpu-demo's actor.model)
-        (on + ["actor.lora.init_from=assets/warmstart/cpu-demo/actor"],
+        # the shipped warm start's actor is itself an adapter folder, not a base
+        (on + ["actor.model=hf:assets/warmstart/cpu-demo/actor"],
          "actor.lora.init_from", "is itself an adapter folder"),
         # the extractor ("same": the actor's base) is checked against the actor's model
         (["extractor.lora.enabled=true", "actor.model=hf:smollm2-135m", "extractor.model=same",

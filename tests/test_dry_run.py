@@ -27,7 +27,7 @@ def test_dry_run_prints_the_plan_of_cpu_demo_and_writes_nothing(tmp_path: Path, 
     out = capsys.readouterr().out
     assert code == 0
     assert "CRL/MiniHackRoom-v0" in out and "turns cap 6" in out
-    assert "Episodes per step: 2 groups x 4 = 8" in out
+    assert "Episodes per step: 4 groups x 8 = 32" in out
     assert "Tokens per step: ~" in out and "estimate" in out
     assert "Model actor:" in out and "Model extractor:" in out and "134.5M parameters" in out
     assert "KV cache" in out and "Checkpoint: ~" in out
@@ -50,14 +50,16 @@ def test_dry_run_plan_numbers_follow_the_config() -> None:
     assert actor.kv_bytes_per_token == 30 * 2 * 3 * 64 * 2
     assert plan.checkpoint_bytes == actor.trained * (4 + 8) + actor.trained * 4
     env = plan.envs[0]
-    assert plan.tokens_per_step() == 8 * 6 * (env.prompt_tokens + 64)
+    assert plan.tokens_per_step() == 32 * 6 * (env.prompt_tokens + 64)
 
 
 def test_dry_run_hardening_names_a_missing_model_in_one_line(tmp_path: Path, capsys,
                                                              monkeypatch) -> None:
     _no_training(monkeypatch)
     missing = tmp_path / "no-such-model"
-    code = main(["train", "cpu-demo", "--dry-run", f"actor.model=hf:{missing}"])
+    code = main(["train", "cpu-demo", "--dry-run", f"actor.model=hf:{missing}",
+                 "extractor.model=same", "actor.lora.init_from=null",
+                 "extractor.lora.init_from=null"])
     err = capsys.readouterr().err
     assert code == 2
     lines = err.strip().splitlines()

@@ -361,6 +361,9 @@ def test_hardening_crl_train_on_a_full_disk_is_one_line(tmp_path, mount, capsys)
     mount("-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk))
     capsys.readouterr()
     assert main(["train", "cpu-demo", f"actor.model=hf:{tiny}", f"extractor.model=hf:{tiny}",
+                 # the whole tiny model trained, as a full checkpoint outgrows the small disk
+                 *(f"{role}.{key}" for role in ("actor", "extractor")
+                   for key in ("lora.enabled=false", "lora.init_from=null", "dtype=auto")),
                  "tasks.envs=[{id: CRL/Sokoban-v0, kwargs: {max_episode_steps: 2}}]",
                  "tasks.groups_per_step=1", "tasks.group_size=2", "tasks.guided_per_group=1",
                  "actor.max_new_tokens=16", "extractor.max_new_tokens=32", "run.steps=2",

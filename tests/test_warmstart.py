@@ -271,8 +271,7 @@ def test_demo_warm_starts_trains_and_reports_before_and_after(tiny, tmp_path, ca
     from crl_harness.config import load_config
 
     cfg = load_config("cpu-demo", [
-        f"warmstart.model=hf:{tiny}", f"actor.model=hf:{tmp_path}/w/actor",
-        f"extractor.model=hf:{tmp_path}/w/extractor", f"warmstart.output_dir={tmp_path}/w",
+        f"warmstart.model=hf:{tiny}", f"warmstart.output_dir={tmp_path}/w",
         f"run.output_dir={tmp_path}/demo/run", "run.steps=2", "run.tensorboard=false",
         "warmstart.episodes=2", "warmstart.extractor_samples=1", "warmstart.epochs=1",
         "warmstart.lora.top_layers=1", "warmstart.lora.r=4",

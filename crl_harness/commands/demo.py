@@ -62,6 +62,18 @@ def runnable_envs(env_ids: list[str]) -> list[str]:
     return ok
 
 
+def bf16_fallback() -> list[str]:
+    """cpu-demo runs its models in bf16 (twice fp32's speed on a CPU with AVX512-BF16 or AMX, and
+    on CUDA); where neither computes bf16 natively, float32 (an emulated bf16 is slower)."""
+    import torch
+
+    from crl_harness.models.hf import cpu_computes_bf16
+
+    if torch.cuda.is_available() or cpu_computes_bf16():
+        return []
+    return ["actor.dtype=float32", "extractor.dtype=float32"]
+
+
 def run(args: argparse.Namespace) -> int:
     from crl_harness.commands import eval as eval_command
     from crl_harness.commands.checks import check_range, output_dir
@@ -72,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     check_range("--episodes", args.episodes, 1, MAX_EPISODES)
     check_range("--eval-levels", args.eval_levels, 1, HELDOUT_RESERVED)
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    cfg = load_config("cpu-demo", [f"run.output_dir={out / 'cpu-demo'}"])
+    cfg = load_config("cpu-demo", [f"run.output_dir={out / 'cpu-demo'}", *bf16_fallback()])
     if not args.no_train and occupied(cfg.run.output_dir):
         raise UserFacingError(f"--out {out} holds an earlier demo's run; give a new --out (by "
                               "default each demo writes a fresh runs/demo-TIMESTAMP).")
@@ -98,24 +110,23 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     checkpoint."""
     from crl_harness.commands import train as train_command
     from crl_harness.heldout import default_cache, evaluate_levels, paired
-    from crl_harness.models.hf import cpu_computes_bf16
     from crl_harness.models.registry import resolve_model_path
     from crl_harness.warmstart import run_warmstart
 
     run_dir = Path(cfg.run.output_dir)
-    if not Path(resolve_model_path(cfg.actor.model.removeprefix("hf:"))).exists():
+    if not Path(resolve_model_path(cfg.starting_model().removeprefix("hf:"))).exists():
         print("\nWarm start (crl warmstart cpu-demo) ...")
         run_warmstart(cfg)
-    # Both evaluations in bf16 where this CPU computes it natively (twice fp32's speed: about 2
-    # instead of 4 minutes each); before and after alike, so the paired difference is fair.
-    dtype = "bfloat16" if cpu_computes_bf16() else "auto"
+    # Both evaluations in the weights training samples with, before and after alike, so the
+    # paired difference is fair.
+    dtype = cfg.actor.dtype
     t = cfg.tasks
     heldout = list(range(t.heldout_offset, t.heldout_offset + levels))
     training = list(range(t.seed_offset, t.seed_offset + min(t.seed_count, levels)))
-    print(f"\nEvaluating the warm-started actor ({cfg.actor.model}) on {len(heldout)} held-out "
+    print(f"\nEvaluating the warm-started actor ({cfg.starting_model()}) on {len(heldout)} held-out "
           f"and {len(training)} training levels, greedy, weights in {dtype} (cached after the "
           "first time) ...")
-    before = evaluate_levels(cfg, cfg.actor.model,
+    before = evaluate_levels(cfg, cfg.starting_model(),
                              {"held-out": (heldout, False), "training": (training, False)},
                              out / "eval-before", cache=cache or default_cache(), dtype=dtype)
 
@@ -130,7 +141,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
                             out / "eval-after", bank=run_dir / "bank.sqlite", dtype=dtype)
     differences = {name: paired(before[name], after[name]) for name in before}
     (out / "levels.json").write_text(json.dumps({
-        "actor_before": cfg.actor.model, "actor_after": str(actor),
+        "actor_before": cfg.starting_model(), "actor_after": str(actor),
         "levels": {name: {"before": before[name], "after": after[name],
                           "paired": differences[name].to_dict()} for name in before},
     }, indent=2))

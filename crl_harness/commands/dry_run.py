@@ -214,7 +214,9 @@ def _models(cfg: Any, problems: list[str]) -> tuple[list[ModelPlan], Any]:
 
                 tokenizer = AutoTokenizer.from_pretrained(source, **extra)
         except Exception as err:  # noqa: BLE001 - each problem is reported, then the next checked
-            problems.append(f"{key} {spec}: {_line(err)}")
+            line = f"{key} {spec}: {_line(err)}"
+            if line not in problems:  # the extractor "same" as a missing actor: said once
+                problems.append(line)
             continue
         dtype = resolve_dtype(section.dtype, "cuda" if torch.cuda.is_available() else "cpu")
         n_trained = (adapters if section.lora.enabled else params) if trained else 0
