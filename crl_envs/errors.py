@@ -23,6 +23,7 @@ EXTRAS: dict[str, str] = {
     "sentence_transformers": "embed",
     "vllm": "vllm",
     "ray": "ray",
+    "trl": "trl",
 }
 
 

@@ -106,8 +106,10 @@ def format_error_message(error: str) -> str:
     )
 
 
-def system_prompt(instructions: str, experience: str = "", task: str = "") -> str:
+def system_prompt(instructions: str, experience: str = "", task: str = "",
+                  answer_format: str = ANSWER_FORMAT) -> str:
     """Env instructions, then the task when given, the answer format, and the experience block.
+    ``answer_format`` says how to answer (the TRL adapter's agents call a tool instead).
 
     Example:
         >>> print(system_prompt("Move with north/south.", experience="Walls block moves."))
@@ -123,7 +125,7 @@ def system_prompt(instructions: str, experience: str = "", task: str = "") -> st
     parts = [instructions.strip()] if instructions.strip() else []
     if task.strip():
         parts.append(f"Your task: {task.strip()}")
-    parts.append(ANSWER_FORMAT)
+    parts.append(answer_format)
     if experience.strip():
         parts.append(f"{EXPERIENCE_HEADER}\n{experience.strip()}")
     return "\n\n".join(parts)

@@ -48,7 +48,13 @@ from crl_harness.experience.ask import (
 from crl_harness.experience.bank import clean_text
 from crl_harness.experience.gate import Verdict, gate_messages, parse_verdict
 from crl_harness.models.base import STOP, Generation, ModelBackend
-from crl_harness.prompting import Conversation, format_error_message, parse_answer, system_prompt
+from crl_harness.prompting import (
+    ANSWER_FORMAT,
+    Conversation,
+    format_error_message,
+    parse_answer,
+    system_prompt,
+)
 from crl_wrappers.experience import DEFAULT_HEADER
 
 __all__ = ["EpisodeSpec", "Turn", "GateRecord", "Trajectory", "RolloutConfig", "RolloutEngine",
@@ -253,7 +259,8 @@ class LiveEpisode:
     which replays scripted oracles through the same rendering.
 
     ``tools``: a block appended to the system prompt (the search-and-ask instructions of a
-    guided episode). ``experience`` is the experience text the system prompt carries;
+    guided episode). ``answer_format``: how the system prompt asks the agent to answer
+    (``prompting.ANSWER_FORMAT``; the TRL adapter's asks for a tool call). ``experience`` is the experience text the system prompt carries;
     ``set_experience`` replaces it before the first turn (the actor-critic gate's verdict).
 
     Text enters the prompts as valid Unicode (``clean_text``): a lone surrogate, which a JSON
@@ -262,11 +269,12 @@ class LiveEpisode:
     """
 
     def __init__(self, spec: EpisodeSpec, env: gym.Env, history: int | None,
-                 tools: str = "") -> None:
+                 tools: str = "", answer_format: str = ANSWER_FORMAT) -> None:
         self.spec = spec
         self.env = env
         self.history = history
         self.tools = tools
+        self.answer_format = answer_format
         self.max_turns = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 50
         self.trajectory = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience)
         self.conversation = Conversation("", history)
@@ -310,7 +318,8 @@ class LiveEpisode:
 
     def task_prompt(self) -> str:
         """The system prompt without experience or tools (what the gate shows as the task)."""
-        return system_prompt(self.instructions, "", task=self.task_line)
+        return system_prompt(self.instructions, "", task=self.task_line,
+                             answer_format=self.answer_format)
 
     def set_experience(self, text: str) -> None:
         """Replace the experience of the system prompt (before the first turn)."""
@@ -324,7 +333,8 @@ class LiveEpisode:
                 block = f"{DEFAULT_HEADER}\n{experience}"
                 instructions = f"{instructions}\n\n{block}" if instructions else block
             experience = ""
-        system = system_prompt(instructions, experience, task=self.task_line)
+        system = system_prompt(instructions, experience, task=self.task_line,
+                               answer_format=self.answer_format)
         return f"{system}\n\n{self.tools}" if self.tools else system
 
     def observe(self, observation: str) -> None:

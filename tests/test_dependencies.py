@@ -84,3 +84,13 @@ def test_installs_beside_hydra_1_3(index, extras):
 def test_installs_beside_current_gymnasium(index):
     resolved = resolve([*requirements(), "gymnasium>=1.3", "hydra-core==1.3.8"])
     assert _release(resolved["gymnasium"]) >= (1, 3)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="TRL 1.16 needs Python 3.11")
+def test_trl_extra_installs_beside_the_train_extra(index):
+    """The ``trl`` extra keeps the ``train`` extra's torch (install.sh's 2.13.0) and its
+    transformers range; it is part of ``all`` on Python 3.11+."""
+    resolved = resolve([*requirements("train", "trl"), "torch==2.13.0"])
+    assert _release(resolved["trl"]) >= (1, 16) and resolved["torch"].startswith("2.13.0")
+    assert _release(resolved["transformers"]) < (5, 20)
+    assert "crl-gym[trl]; python_version >= '3.11'" in _project()["optional-dependencies"]["all"]

@@ -1,0 +1,179 @@
+"""The TRL adapter (``crl_harness.trl``): a real ``GRPOTrainer`` step in TRL's environment mode
+on CRL/Sokoban-v0 with the tiny model, the adapter's env side as TRL drives it, and bad input.
+
+The GRPO step needs the ``trl`` extra and skips with its install command without it; the env-side
+tests need only the base package.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+
+import gymnasium as gym
+import pytest
+
+import crl_harness.trl as adapter
+from crl_harness.trl import CRLEnvironment, environment_factory, tasks_dataset
+
+NEEDS_TRL = pytest.mark.skipif(importlib.util.find_spec("trl") is None,
+                               reason="the trl extra: pip install 'crl-gym[trl]'")
+CALL = '<tool_call>\n{"name": "act", "arguments": {"action": "up"}}\n</tool_call><|im_end|>'
+"""A Qwen3-template tool call of the adapter's ``act``, as the tiny model is taught to write it"""
+
+
+def _teach(model, prompt_ids: list[int], target_ids: list[int], max_steps: int = 300) -> float:
+    """Fit the tiny random model to answer ``prompt_ids`` with ``target_ids`` (so that its
+    rollouts call the tool). The prompt's keys and values are recomputed without gradients each
+    step and only the answer is trained: a few seconds instead of a minute for the 1.5k-token
+    prompt. Returns the last loss."""
+    import torch
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    head, last = torch.tensor([prompt_ids[:-1]]), torch.tensor([prompt_ids[-1:] + target_ids])
+    labels = torch.tensor([[-100] + target_ids])
+    for _ in range(max_steps):
+        with torch.no_grad():
+            cache = model(input_ids=head, use_cache=True).past_key_values
+        loss = model(input_ids=last, past_key_values=cache, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.01:
+            break
+    return loss.item()
+
+
+@NEEDS_TRL
+@pytest.mark.filterwarnings("ignore:TRL currently supports vLLM")  # the vllm extra's 0.32
+def test_one_grpo_step_in_trls_environment_mode_plays_the_env_and_trains(tmp_path, monkeypatch):
+    import torch
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from crl_harness.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "tiny")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    # The tiny model's own ChatML template has no tool calls, which TRL's environment mode needs;
+    # Qwen3's (shipped with TRL) is ChatML with tools, and TRL knows how to parse its calls.
+    tokenizer.chat_template = qwen3_chat_template
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+
+    def alternate(completions, **_):
+        # A random model never wins Sokoban, so the env's reward is 0 for every rollout and GRPO's
+        # advantages would all be 0; this second reward gives the group variance (as conftest's
+        # alternating_rewards does for crl's trainer) so that the step has a gradient.
+        return [float(i % 2) for i in range(len(completions))]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=2,
+        num_generations=2, max_completion_length=256, max_tool_calling_iterations=2,
+        temperature=0.2, learning_rate=1e-2, use_cpu=True, bf16=False, report_to="none",
+        logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=[alternate], args=args,
+                          train_dataset=tasks_dataset([0]), processing_class=tokenizer,
+                          environment_factory=environment_factory("CRL/Sokoban-v0"))
+
+    # Teach the model to call act("up") on seed 0's prompt, rendered as the trainer renders it.
+    env = CRLEnvironment("CRL/Sokoban-v0")
+    prompt = tokenizer.apply_chat_template(
+        [[{"role": "user", "content": env.reset(seed=0)}]], tools=[env.act],
+        chat_template=trainer.chat_template, add_generation_prompt=True, tokenize=True,
+        return_dict=True)["input_ids"][0]
+    assert _teach(model, list(prompt), tokenizer(CALL, add_special_tokens=False)["input_ids"]) < 0.05
+
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer.train()
+
+    logged = trainer.state.log_history[0]
+    played = [e.trajectory for e in trainer.environments]
+    # TRL parsed the model's tool calls and called the adapter's act: the env moved.
+    assert logged["tools/call_frequency"] > 0
+    assert [t.seed for t in played] == [0, 0]  # the group played one level
+    assert any(t.steps >= 1 and t.turns[0].action == "up" and t.turns[0].action_valid
+               for t in played)
+    # The env's return is the reward TRL recorded for it.
+    assert logged["rewards/CRLEnvironment/mean"] == pytest.approx(
+        sum(t.reward for t in played) / len(played))
+    assert any(not torch.equal(p, before[name]) for name, p in model.named_parameters())
+
+
+def test_the_adapters_doctests():
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("the trl extra: pip install 'crl-gym[trl]'")
+    assert doctest.testmod(adapter, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_a_dataset_row_is_the_level_the_env_plays():
+    env = CRLEnvironment("CRL/Sokoban-v0")
+    direct = gym.make("CRL/Sokoban-v0")
+    for seed in (4, 9):
+        prompt = env.reset(prompt=[{"role": "user", "content": ""}], seed=seed)
+        assert prompt.endswith(direct.reset(seed=seed)[0])
+        assert "To act, call the act tool" in prompt and "<answer>" not in prompt
+    assert env.trajectory.seed == 9
+
+
+# ------------------------------------------------------------------ hardening
+
+
+def test_hardening_bad_env_id_fails_at_once_naming_the_crl_ids():
+    for make in (CRLEnvironment, environment_factory):
+        if make is environment_factory and importlib.util.find_spec("trl") is None:
+            continue
+        with pytest.raises(gym.error.UnregisteredEnv, match=r"No env 'CRL/Sokobn-v0'.*CRL/Sokoban-v0"):
+            make("CRL/Sokobn-v0")
+
+
+@pytest.mark.parametrize("garbage", ["", "   ", "dance", "up\ndown", "<answer>up</answer>",
+                                     "x" * 100_000, "\x00\ud800", 3, None, {"action": "up"}])
+def test_hardening_garbage_actions_are_invalid_actions_not_exceptions(garbage):
+    env = CRLEnvironment("CRL/Sokoban-v0")
+    board = gym.make("CRL/Sokoban-v0").reset(seed=0)[0].splitlines()[:6]
+    env.reset(seed=0)
+    observation = env.act(garbage)
+    assert "Valid actions: up, down, left, right" in observation
+    assert board == observation.splitlines()[-6:]  # nothing moved
+    assert not env.trajectory.turns[-1].action_valid and env.trajectory.invalid_actions == 1
+    assert env.get_reward() == 0.0
+
+
+def test_hardening_act_before_reset_and_after_the_end():
+    env = CRLEnvironment("CRL/Sokoban-v0", max_episode_steps=2)
+    assert env.get_reward() == 0.0 and env.trajectory is None
+    with pytest.raises(RuntimeError, match=r"call reset\(\) first"):
+        env.act("up")
+    env.reset(seed=0)
+    env.act("left")
+    assert "The episode is over (not won)" in env.act("left")
+    assert env.act("up") == "The episode is over; do not act again."
+    assert env.trajectory.steps == 2 and env.trajectory.truncated
+
+
+def test_hardening_tasks_dataset_options_must_match_the_seeds():
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("the trl extra: pip install 'crl-gym[trl]'")
+    with pytest.raises(ValueError, match="2 options for 3 seeds"):
+        tasks_dataset(3, options=[{}, {}])
+    rows = tasks_dataset([5, 6], options=[{"task_id": 2}, {}])
+    assert rows[0]["options"] == {"task_id": 2} and rows[1]["options"] == {"task_id": None}
+    env = CRLEnvironment("CRL/Sokoban-v0")
+    env.reset(**rows[1])  # Arrow's None for the missing key is not passed on
+    assert env.trajectory.seed == 6
+
+
+def test_hardening_without_trl_one_line_names_the_extra(monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "trl" else find_spec(name, *a))
+    for call in (lambda: environment_factory("CRL/Sokoban-v0"), lambda: tasks_dataset(2)):
+        with pytest.raises(ModuleNotFoundError) as err:
+            call()
+        assert str(err.value) == ("No module named 'trl': pip install 'crl-gym[trl]' "
+                                  "(the trl extra).")
