@@ -6,7 +6,9 @@ Holds:
   unexplored cells assumed walkable) to the staircase down when it has seen it, else to a near
   unexplored cell that borders much unknown; it fights a monster next to it; KeyRoom: to the
   key, ``pickup``, next to the door, ``apply key``, through the door; River: branch and bound
-  over chains of boulder pushes that fill a crossing.
+  over chains of boulder pushes that fill a crossing (each boulder's pushes, in any of the 8
+  directions, by A*), learning from refused pushes where boulders hide, and exploring the bank
+  when the boulders in sight are too few.
 """
 
 from __future__ import annotations
@@ -160,6 +162,8 @@ class MiniHackOracle:
         self._view: ParsedView | None = None
         self._plan: list[tuple[Cell, str]] = []  # River: (hero cell before, action) still to do
         self._stuck: set[tuple[Cell, Cell]] = set()  # River: refused pushes (boulder, cell ahead)
+        self._sunk: set[Cell] = set()  # River: water cells with a boulder under them (no push in)
+        self._unseen_boulders: set[Cell] = set()  # River: boulders shown as floor (out of sight)
 
     def reset(self, observation: str, info: dict[str, Any]) -> None:
         """Forget the previous episode."""
@@ -168,6 +172,8 @@ class MiniHackOracle:
         self._last = None
         self._plan = []
         self._stuck = set()
+        self._sunk = set()
+        self._unseen_boulders = set()
         self._view = parse_observation(observation)
 
     def act(self, observation: str, info: dict[str, Any]) -> str:
@@ -182,6 +188,9 @@ class MiniHackOracle:
     # ----------------------------------------------------------------- planning
     def _learn_blocked_move(self, view: ParsedView) -> None:
         """A move that left the hero in place (a wall, a squeeze) is not tried again."""
+        # A boulder inferred out of sight is forgotten once in sight or stood on.
+        self._unseen_boulders = {cell for cell in self._unseen_boulders
+                                 if cell != view.hero and view.cells.get(cell) in _FLOOR}
         if self._last is None:
             return
         cell, action = self._last
@@ -189,7 +198,15 @@ class MiniHackOracle:
             dx, dy = MOVES[action]
             self._blocked.add((cell, (cell[0] + dx, cell[1] + dy)))
             if "in vain" in view.message:  # a boulder that did not move: not that way again
-                self._stuck.add(((cell[0] + dx, cell[1] + dy), (cell[0] + 2 * dx, cell[1] + 2 * dy)))
+                ahead = (cell[0] + 2 * dx, cell[1] + 2 * dy)
+                self._stuck.add(((cell[0] + dx, cell[1] + dy), ahead))
+                # Only a boulder stops a push into water or onto floor: one unseen behind the
+                # pushed one (boulders block sight), one from under it (two on a cell move one
+                # at a time), or one left under the water by the level's generator.
+                if view.cells.get(ahead) == "}":
+                    self._sunk.add(ahead)
+                elif view.cells.get(ahead) in _FLOOR:
+                    self._unseen_boulders.add(ahead)
 
     def _choose(self, view: ParsedView) -> str:
         stairs = set(view.find(">"))
@@ -213,12 +230,13 @@ class MiniHackOracle:
                 return step
         return self._explore(view)
 
-    def _explore(self, view: ParsedView) -> str:
-        """Head for the unexplored cell that is cheap to reach and borders the most unknown."""
+    def _explore(self, view: ParsedView, among: set[Cell] | None = None) -> str | None:
+        """Head for the unexplored cell (of ``among`` when given) that is cheap to reach and
+        borders the most unknown; ``None`` if ``among`` has none in reach."""
         reached = _paths(view, self._blocked)
         best: tuple[float, str] | None = None
         for cell, (cost, first) in reached.items():
-            if view.cells.get(cell) != UNEXPLORED:
+            if view.cells.get(cell) != UNEXPLORED or (among is not None and cell not in among):
                 continue
             unknown = sum(
                 view.cells.get((cell[0] + dx, cell[1] + dy), UNEXPLORED) == UNEXPLORED
@@ -227,6 +245,8 @@ class MiniHackOracle:
             score = cost - _INFORMATION_WEIGHT * unknown
             if best is None or score < best[0]:
                 best = (score, first)
+        if among is not None:
+            return best[1] if best else None
         return best[1] if best else "north"
 
     def _keyroom(self, view: ParsedView, stairs: set[Cell]) -> str | None:
@@ -257,7 +277,11 @@ class MiniHackOracle:
         return None
 
     def _river(self, view: ParsedView) -> str | None:
-        """Cross once a crossing is filled; else follow the boulder plan, replanning on surprises."""
+        """Cross once a crossing is filled; else follow the boulder plan, replanning on surprises.
+
+        When the boulders in sight cannot fill a crossing, the land's unseen cells (behind
+        boulders) are explored first; only then does a plan fill as far across as it can.
+        """
         water = view.find("}")
         if water:
             far_bank = min(cell[0] for cell in water) + _RIVER_WIDTH
@@ -265,11 +289,36 @@ class MiniHackOracle:
             if across:
                 self._plan = []
                 return _cheapest_first_step(view, across, self._blocked)
+        if "sinks" in view.message:  # the boulder did not fill: the plan's next steps assume it did
+            self._plan = []
         if not (self._plan and self._plan[0][0] == view.hero):
-            self._plan = _river_plan(view, frozenset(self._stuck))
+            plan = _river_plan(self._river_view(view), frozenset(self._stuck))
+            self._plan = plan.steps if plan else []
+            if water and not (plan and plan.crosses):
+                step = self._explore(view, _unseen_land(view, min(cell[0] for cell in water)))
+                if step:
+                    self._plan = []
+                    return step
         if self._plan and self._plan[0][0] == view.hero:
             return self._plan.pop(0)[1]
         return None
+
+    def _river_view(self, view: ParsedView) -> ParsedView:
+        """The view with what failed pushes taught: boulders out of sight, water that cannot
+        be filled (shown as stone)."""
+        cells = dict(view.cells)
+        cells.update({cell: "`" for cell in self._unseen_boulders})
+        cells.update({cell: " " for cell in self._sunk if cells.get(cell) == "}"})
+        return ParsedView(cells, view.hero, view.message, view.inventory)
+
+
+def _unseen_land(view: ParsedView, near: int) -> set[Cell]:
+    """Unexplored cells west of the river inside the box of the floor seen (boulders can hide
+    floor and other boulders; the box leaves out the unseen stone around the level)."""
+    floor = [cell for cell, char in view.cells.items() if char in (*_FLOOR, "`")]
+    xs, ys = [c[0] for c in floor], [c[1] for c in floor]
+    return {cell for cell, char in view.cells.items()
+            if char == UNEXPLORED and min(xs) <= cell[0] < near and min(ys) <= cell[1] <= max(ys)}
 
 
 _NAMES = {offset: name for name, offset in MOVES.items()}
@@ -312,46 +361,86 @@ class _PushPlan:
     hero: Cell  # where the hero ends
 
 
+def _pushes_to(floor: set[Cell], water: Cell) -> dict[Cell, int]:
+    """For each cell, the fewest pushes that roll a boulder from it into ``water`` over
+    ``floor`` (the hero standing behind each push), other boulders ignored: a lower bound."""
+    pushes = {water: 0}
+    frontier = [water]
+    while frontier:
+        nxt_frontier = []
+        for cell in frontier:
+            for dx, dy in MOVES.values():
+                before, behind = (cell[0] - dx, cell[1] - dy), (cell[0] - 2 * dx, cell[1] - 2 * dy)
+                if before not in pushes and before in floor and behind in floor:
+                    pushes[before] = pushes[cell] + 1
+                    nxt_frontier.append(before)
+        frontier = nxt_frontier
+    return pushes
+
+
 def _push(floor: set[Cell], boulders: set[Cell], hero: Cell, boulder: Cell, water: Cell,
-          stuck: frozenset[tuple[Cell, Cell]] = frozenset()) -> _PushPlan | None:
-    """Push ``boulder`` east (straight and diagonal pushes) until it drops into ``water``;
-    ``stuck`` holds the pushes (boulder cell, cell ahead) that the game refused."""
-    dx, dy = water[0] - boulder[0], water[1] - boulder[1]
-    if dx <= 0 or dx < abs(dy):
+          stuck: frozenset[tuple[Cell, Cell]] = frozenset(), limit: int = 10**6,
+          pushes: dict[Cell, int] | None = None) -> _PushPlan | None:
+    """The fewest moves (walks and pushes, in any of the 8 directions) that push ``boulder``
+    into ``water``, if fewer than ``limit``; ``stuck`` holds the pushes (boulder cell, cell
+    ahead) that the game refused. A* over (boulder, hero), estimating the pushes still needed
+    (``pushes``: ``_pushes_to(floor, water)``) plus the walk to the boulder."""
+    others = boulders - {boulder}
+    open_floor = floor - others
+    pushes = _pushes_to(floor, water) if pushes is None else pushes
+    if boulder not in pushes:
         return None
-    diagonal = (1, (dy > 0) - (dy < 0))
-    orders = (
-        [diagonal] * abs(dy) + [(1, 0)] * (dx - abs(dy)),
-        [(1, 0)] * (dx - abs(dy)) + [diagonal] * abs(dy),
-    )
-    best = None
-    for order in orders:
-        others, here, at, steps = boulders - {boulder}, hero, boulder, []
-        for i, (ox, oy) in enumerate(order):
-            behind, ahead = (at[0] - ox, at[1] - oy), (at[0] + ox, at[1] + oy)
-            if here != behind:
-                path = shortest_walk(floor, others | {at}, here, behind)
-                if path is None:
-                    break
-                for cell in path:
-                    steps.append((here, _NAMES[(cell[0] - here[0], cell[1] - here[1])]))
-                    here = cell
-            last = i == len(order) - 1
-            if (ahead != water) if last else (ahead not in floor or ahead in others):
-                break
-            if (at, ahead) in stuck:
-                break
-            steps.append((here, _NAMES[(ox, oy)]))
-            here, at = at, ahead
-        else:
-            if best is None or len(steps) < len(best.steps):
-                best = _PushPlan(steps, here)
-    return best
+
+    def estimate(at: Cell, here: Cell) -> int:
+        return pushes.get(at, limit) + max(abs(here[0] - at[0]), abs(here[1] - at[1])) - 1
+
+    start = (boulder, hero)
+    queue: list[tuple[int, int, Cell, Cell]] = [(estimate(boulder, hero), 0, boulder, hero)]  # deepest first on ties
+    previous: dict[tuple[Cell, Cell], tuple[tuple[Cell, Cell], str] | None] = {start: None}
+    cost = {start: 0}
+    while queue:
+        _, negative, at, here = heapq.heappop(queue)
+        spent = -negative
+        if spent > cost[(at, here)]:
+            continue
+        if at == water:
+            steps: list[tuple[Cell, str]] = []
+            state = (at, here)
+            while previous[state] is not None:
+                state, action = previous[state]
+                steps.append((state[1], action))
+            return _PushPlan(steps[::-1], here)
+        for (dx, dy), name in _NAMES.items():
+            nxt = (here[0] + dx, here[1] + dy)
+            if nxt == at:  # a push: the boulder rolls on, the hero takes its cell
+                ahead = (at[0] + dx, at[1] + dy)
+                if not (ahead == water or ahead in open_floor) or (at, ahead) in stuck:
+                    continue
+                state = (ahead, at)
+            elif nxt in open_floor:
+                state = (at, nxt)
+            else:
+                continue
+            if spent + 1 + estimate(*state) >= limit or cost.get(state, limit) <= spent + 1:
+                continue
+            cost[state] = spent + 1
+            previous[state] = ((at, here), name)
+            heapq.heappush(queue, (spent + 1 + estimate(*state), -(spent + 1), *state))
+    return None
+
+
+@dataclass
+class _RiverPlan:
+    """The pushes chosen and how far across they fill: ``crosses`` when the hero can walk over."""
+
+    steps: list[tuple[Cell, str]]
+    crosses: bool
 
 
 def _river_plan(view: ParsedView,
-                stuck: frozenset[tuple[Cell, Cell]] = frozenset()) -> list[tuple[Cell, str]]:
-    """The shortest chain of boulder pushes found that fills a crossing of the river.
+                stuck: frozenset[tuple[Cell, Cell]] = frozenset()) -> _RiverPlan | None:
+    """The shortest chain of boulder pushes found that fills a crossing of the river, else the
+    chain that fills furthest across with the boulders in sight (``crosses`` False).
 
     Water blocks sight, so the oracle sees only the near column of the river; it assumes MiniHack
     River's width (``_RIVER_WIDTH`` columns, hidden ones unexplored) and replans whenever the game
@@ -363,7 +452,7 @@ def _river_plan(view: ParsedView,
     floor = {cell for cell, char in view.cells.items() if char in _FLOOR} | boulders
     water = view.find("}")
     if not water:
-        return []
+        return None
     far_bank = min(cell[0] for cell in water) + _RIVER_WIDTH
     rows = range(min(cell[1] for cell in floor), max(cell[1] for cell in floor) + 1)
     near = far_bank - _RIVER_WIDTH
@@ -372,13 +461,31 @@ def _river_plan(view: ParsedView,
     river = water + [(x, y) for x in range(near + 1, far_bank) for y in rows
                      if view.cells.get((x, y), UNEXPLORED) == UNEXPLORED
                      and any((x - 1, y + dy) in filled for dy in (-1, 0, 1))]
-    best: list = [None, _RIVER_MAX_PLAN]  # steps, cost
+    # The best plan so far: (crosses, columns filled across, -steps) is maximised; a crossing
+    # bounds the search by its length, a partial chain only by _RIVER_MAX_PLAN, and it must
+    # fill further across than the fills already walkable from the bank.
+    reach = {cell for cell in filled
+             if cell[0] == near and any((near - 1, cell[1] + dy) in floor for dy in (-1, 0, 1))}
+    frontier = list(reach)
+    while frontier:
+        cell = frontier.pop()
+        for dx, dy in MOVES.values():
+            nxt = (cell[0] + dx, cell[1] + dy)
+            if nxt in filled and nxt not in reach:
+                reach.add(nxt)
+                frontier.append(nxt)
+    across_now = max((cell[0] + 1 - near for cell in reach), default=0)
+    best: list = [None, (False, across_now, -_RIVER_MAX_PLAN)]
+
+    def bound() -> int:
+        return -best[1][2] if best[1][0] else _RIVER_MAX_PLAN
 
     def extend(hero: Cell, boulders: frozenset, floor: set, last: Cell | None, steps: list) -> None:
         column = (last[0] + 1) if last else None
-        if column == far_bank or (last and not boulders):
-            if len(steps) < best[1]:
-                best[:] = [steps, len(steps)]
+        if column == far_bank:
+            key = (True, _RIVER_WIDTH, -len(steps))
+            if key > best[1]:
+                best[:] = [steps, key]
             return
         if last is None:  # a river cell beside floor (the bank or an earlier fill)
             targets = [cell for cell in river if any((cell[0] - 1, cell[1] + dy) in floor for dy in (-1, 0, 1))]
@@ -390,18 +497,24 @@ def _river_plan(view: ParsedView,
             ]
         options = []
         for target in targets:
+            pushes = _pushes_to(floor, target)
             for boulder in boulders:
-                if target[0] - boulder[0] + len(steps) >= best[1]:
-                    continue  # every push moves the boulder one column at most
-                plan = _push(floor, boulders, hero, boulder, target, stuck)
+                if pushes.get(boulder, bound()) + len(steps) >= bound():
+                    continue  # no way in, or not in fewer moves than the best plan
+                plan = _push(floor, boulders, hero, boulder, target, stuck, bound() - len(steps),
+                             pushes)
                 if plan is not None:
                     options.append((len(plan.steps), target, boulder, plan))
+        if not options and last is not None:  # a chain as far as the boulders in sight go
+            key = (False, last[0] + 1 - near, -len(steps))
+            if key > best[1]:
+                best[:] = [steps, key]
         for _, target, boulder, plan in sorted(options, key=lambda option: option[0]):
-            if len(steps) + len(plan.steps) < best[1]:
+            if len(steps) + len(plan.steps) < bound():
                 extend(plan.hero, boulders - {boulder}, floor | {target}, target, steps + plan.steps)
 
     extend(view.hero, boulders, floor, None, [])
-    return list(best[0]) if best[0] else []
+    return _RiverPlan(list(best[0]), best[1][0]) if best[0] else None
 
 
 def _distance(a: Cell, b: Cell) -> int:
