@@ -254,3 +254,36 @@ def test_crl_eval_against_transformers_serve(transformers_server, tmp_path, caps
     assert sokoban["episodes"] == 2 and sokoban["errors"] == 0
     assert sokoban["generated_tokens"] > 0  # the server's usage: the tiny model's replies
     assert all(e["generated_tokens"] > 0 for e in report["episodes"])
+
+
+@pytest.mark.slow
+def test_crl_eval_against_transformers_serve_30_steps_transcripts_and_resume(
+        transformers_server, tmp_path, capsys):
+    """Issue 37's must-show against a real server: a 30-step MiniHack eval whose full-history
+    prompts outgrow the context budget completes (the oldest turns are dropped, nothing
+    aborts), counts the server's tokens and writes every turn's transcript; an interrupted eval
+    resumed with ``--resume`` plays only the episode it had not finished."""
+    url, model = transformers_server
+    out = tmp_path / "run"
+    argv = ["eval", "--agent", f"openai:{url}#{model}", "--envs", "CRL/MiniHackRoom-v0",
+            "--episodes", "2", "--max-new-tokens", "8", "--max-context", "512", "--no-progress",
+            "--out", str(out), "--env-kwargs", "max_episode_steps=30"]
+    assert main(argv) == 0, capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    [room] = report["envs"]
+    assert room["episodes"] == 2 and room["errors"] == 0 and room["generated_tokens"] > 0
+    records = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    # the tiny model never wins: every episode plays its 30 turns, each recorded
+    assert [len(r["turns"]) for r in records] == [30, 30]
+    # interrupted after the first episode: one result and one transcript kept, no report
+    for name in ("results.jsonl", "transcripts.jsonl"):
+        first = (out / name).read_text().splitlines(keepends=True)[0]
+        (out / name).write_text(first)
+    (out / "report.json").unlink()
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0
+    assert "1 episode(s) done, 1 to play" in capsys.readouterr().out
+    records = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert sorted(r["seed"] for r in records) == sorted({r["seed"] for r in records})
+    assert len(records) == 2 and json.loads((out / "report.json").read_text())["envs"][0][
+        "episodes"] == 2
