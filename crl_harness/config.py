@@ -893,7 +893,7 @@ def updated_lesson_steps(cfg: TrainConfig) -> int:
     wait from their distillation on, which can only make ``u`` earlier.)
 
     >>> updated_lesson_steps(load_config("cpu-demo"))
-    2
+    1
     """
     t = cfg.tasks
     first = cfg.retrieval_warmup + 1
