@@ -849,7 +849,11 @@ def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
         if not lora.enabled or (learner == "extractor" and not cfg.trains_extractor):
             continue
         if learner != "warmstart" and lora.init_from is not None:
-            if own_warm_start(cfg, learner) and not Path(lora.init_from).expanduser().exists():
+            try:  # a checkout's or an installed copy's shipped warm start counts
+                made = Path(resolve_model_path(lora.init_from)).expanduser().exists()
+            except ModelNotFoundError:
+                made = False
+            if own_warm_start(cfg, learner) and not made:
                 raise ConfigError(f"bad config key '{learner}.lora.init_from': {lora.init_from} "
                                   f"does not exist yet; `crl warmstart {cfg.name}` writes it (or "
                                   "point it at other adapters)")

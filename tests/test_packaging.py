@@ -65,7 +65,11 @@ WHEEL_CHECKS = textwrap.dedent(f"""
 
     assert Path(crl_harness.__file__).is_relative_to(sys.prefix), crl_harness.__file__
     assert Path(assets_dir()).is_relative_to(sys.prefix), assets_dir()
-    assert load_config("cpu-demo").actor.model == "hf:{WARM_START}"
+    from crl_harness.config import check_lora_fits
+
+    cpu_demo = load_config("cpu-demo")
+    assert cpu_demo.starting_model() == "hf:{WARM_START}"
+    check_lora_fits(cpu_demo, ("actor", "extractor"))  # the shipped adapters, from elsewhere
     assert "$transcript" in load_prompt("experience_distill").template
     assert (Path(resolve_model_path("{WARM_START}")) / "adapter_config.json").is_file()
     env = gymnasium.make("CRL/Sokoban-v0")
