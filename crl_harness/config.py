@@ -69,8 +69,8 @@ def _choice(*values: str) -> Any:
 
 HELDOUT_RESERVED = 10_000
 EXTRACTOR_LEVELS_PER_SAMPLE = 8
-"""levels the warm start may play for each extractor sample (cpu-demo's 64 balanced samples
-come from its first 44 levels; lost episodes are the rarer)"""
+"""levels the warm start may play for each extractor sample (cpu-demo's 128 balanced samples
+come from its first 91 levels; lost episodes are the rarer)"""
 # A key=value override is typed on a command line: these bounds are far above any real one, and
 # keep a hostile one (an alias bomb, a nesting bomb) from exhausting memory or the stack.
 MAX_OVERRIDE_CHARS = 10_000
@@ -325,6 +325,9 @@ class WarmStartConfig:
     operations answer built from it), as many answering add, return, upvote and downvote
     (4 divides it best); 0: the extractor is not warm-started"""
     epochs: int = 2
+    extractor_epochs: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """the extractor's epochs; null: ``epochs`` (its samples are many and alike: one pass
+    may do where the actor's few episodes need several)"""
     batch_size: int = 8
     """samples per optimiser step"""
     lr: float = 1.0e-3
@@ -713,6 +716,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
              f"[{t.seed_offset}, {t.seed_offset + t.seed_count}); held-out tasks must be unseen")
     w = cfg.warmstart
     for key, value in (("warmstart.episodes", w.episodes), ("warmstart.epochs", w.epochs),
+                       ("warmstart.extractor_epochs", 1 if w.extractor_epochs is None else w.extractor_epochs),
                        ("warmstart.batch_size", w.batch_size)):
         if value < 1:
             fail(key, f"must be >= 1, got {value}")

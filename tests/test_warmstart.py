@@ -236,8 +236,10 @@ def test_warmstart_only_extractor_keeps_the_actor_and_its_record(tiny, tmp_path)
     assert (out / "extractor" / "adapter_model.safetensors").read_bytes() == extractor
     assert alone["parts"] == ["extractor"] and "actor_config" not in alone
     # other extractor settings: a new extractor, the same actor, the actor's record kept
-    run_warmstart(_config(tiny, tmp_path, "warmstart.extractor_samples=8"),
-                  log=lambda _: None, only="extractor")
+    eight = run_warmstart(_config(tiny, tmp_path, "warmstart.extractor_samples=8",
+                                  "warmstart.extractor_epochs=1"),
+                          log=lambda _: None, only="extractor")
+    assert len(eight["extractor_losses"]) == 4  # one pass of 8 samples in batches of 2
     assert (out / "actor" / "adapter_model.safetensors").read_bytes() == actor
     assert (out / "extractor" / "adapter_model.safetensors").read_bytes() != extractor
     metrics = json.loads((out / "metrics.json").read_text())
@@ -295,6 +297,7 @@ def test_hardening_warmstart_bad_configs(tiny, tmp_path):
         run_warmstart(_config(tiny, tmp_path, "actor.max_new_tokens=8"))  # targets would be cut
     for override, match in (("warmstart.noise=1.5", "warmstart.noise"),
                             ("warmstart.episodes=0", "warmstart.episodes"),
+                            ("warmstart.extractor_epochs=0", "warmstart.extractor_epochs"),
                             ("warmstart.lora.enabled=false", "LoRA adapters only"),
                             ("warmstart.seed_offset=0", "overlap the training seeds"),
                             ("tasks.heldout_offset=2", "overlap the training seeds"),
