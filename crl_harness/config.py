@@ -68,6 +68,9 @@ def _choice(*values: str) -> Any:
 
 
 HELDOUT_RESERVED = 10_000
+EXTRACTOR_LEVELS_PER_SAMPLE = 8
+"""levels the warm start may play for each extractor sample (cpu-demo's 128 balanced samples
+come from its first 91 levels; lost episodes are the rarer)"""
 # A key=value override is typed on a command line: these bounds are far above any real one, and
 # keep a hostile one (an alias bomb, a nesting bomb) from exhausting memory or the stack.
 MAX_OVERRIDE_CHARS = 10_000
@@ -309,8 +312,8 @@ class WarmStartConfig:
     episodes: int = 40
     """oracle episodes per env of the mixture (each gives one packed actor sample)"""
     seed_offset: int = 10_000_000
-    """the episodes play seeds seed_offset, seed_offset+1, ... (disjoint from the training and
-    held-out ranges)"""
+    """the episodes play seeds seed_offset, seed_offset+1, ... (``seeds()``: disjoint from the
+    training and held-out ranges)"""
     noise: float = 0.1
     """fraction of turns whose target is a random allowed action instead of the oracle's: the
     warm actor is good, not perfect, so RL has room"""
@@ -319,8 +322,12 @@ class WarmStartConfig:
     attempt at the same level, which the target follows (the rest carry none)"""
     extractor_samples: int = 16
     """extractor samples (the Experience Manager's prompt for a warm-start episode and an
-    operations answer built from it); 0: the extractor is not warm-started"""
+    operations answer built from it), as many answering add, return, upvote and downvote
+    (4 divides it best); 0: the extractor is not warm-started"""
     epochs: int = 2
+    extractor_epochs: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """the extractor's epochs; null: ``epochs`` (its samples are many and alike: one pass
+    may do where the actor's few episodes need several)"""
     batch_size: int = 8
     """samples per optimiser step"""
     lr: float = 1.0e-3
@@ -330,6 +337,12 @@ class WarmStartConfig:
     """the adapters trained (only LoRA is supported: a few MB to keep beside the command)"""
     output_dir: str = "${run.output_dir}/warmstart"
     """``actor/`` and ``extractor/`` adapters and ``metrics.json`` go here"""
+
+    def seeds(self) -> range:
+        """The levels the warm start may play: ``episodes`` for the actor, and up to
+        ``EXTRACTOR_LEVELS_PER_SAMPLE`` a sample for the extractor's balanced classes."""
+        levels = max(self.episodes, EXTRACTOR_LEVELS_PER_SAMPLE * self.extractor_samples)
+        return range(self.seed_offset, self.seed_offset + levels)
 
 
 @dataclass
@@ -703,6 +716,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
              f"[{t.seed_offset}, {t.seed_offset + t.seed_count}); held-out tasks must be unseen")
     w = cfg.warmstart
     for key, value in (("warmstart.episodes", w.episodes), ("warmstart.epochs", w.epochs),
+                       ("warmstart.extractor_epochs", 1 if w.extractor_epochs is None else w.extractor_epochs),
                        ("warmstart.batch_size", w.batch_size)):
         if value < 1:
             fail(key, f"must be >= 1, got {value}")
@@ -742,7 +756,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         fail("warmstart.model", f"'{w.model}' cannot be fine-tuned here; use hf:NAME_OR_PATH")
     if not w.lora.enabled:
         fail("warmstart.lora.enabled", "the warm start trains LoRA adapters only; keep it true")
-    warm = range(w.seed_offset, w.seed_offset + w.episodes)
+    warm = w.seeds()
     for name, seeds in (("held-out", ranges["held-out"]), ("warm-start", warm)):
         inside = sorted(s for s in t.seeds or () if s in seeds)
         if inside:

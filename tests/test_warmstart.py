@@ -17,7 +17,11 @@ from crl_harness.prompting import parse_answer
 from crl_harness.rollout import EpisodeSpec, RolloutEngine
 from crl_harness.warmstart import WarmStartError, run_warmstart
 from crl_harness.warmstart.data import (
+    ANSWER_CLASSES,
     actor_episodes,
+    answer_class,
+    class_quotas,
+    extractor_episodes,
     extractor_sample,
     play_oracle_episode,
     route_advice,
@@ -159,6 +163,33 @@ def test_extractor_answers_parse_and_follow_the_outcome(backend):
     assert parsed.ok and parsed.ops[0].title.startswith("Winning moves from x=")
 
 
+def test_extractor_samples_are_balanced_over_the_answer_classes(backend):
+    episodes = extractor_episodes(ROOM, list(range(100, 164)), 10, noise=0.1,
+                                  rng=random.Random(0), tokenizer=backend.tokenizer,
+                                  max_context=backend.max_context, max_new_tokens=64,
+                                  history=None, env_kwargs=DARK)
+    assert class_quotas(10) == {"add": 3, "return": 3, "upvote": 2, "downvote": 2}
+    answered = []
+    for episode in episodes:
+        sample = extractor_sample(episode, tokenizer=backend.tokenizer, max_ops=3,
+                                  max_transcript_chars=2000)
+        [op] = json.loads(sample.text.removeprefix("<answer>").removesuffix("</answer>"))
+        assert parse_distillation(sample.text, int(episode.advice is not None)).ok
+        assert op["op"] == answer_class(episode)
+        shown = "[0] " in backend.tokenizer.decode(sample.prompt_token_ids)
+        assert shown == (op["op"] in ("upvote", "downvote"))  # a vote names an entry shown
+        assert episode.trajectory.won == (op["op"] in ("add", "upvote"))
+        answered.append(op["op"])
+    assert {name: answered.count(name) for name in ANSWER_CLASSES} == class_quotas(10)
+    misled = [e for e in episodes if answer_class(e) == "downvote"]
+    # a downvoted entry is another level's route, and the episode played its moves first
+    for episode in misled:
+        moves = episode.advice.content.removeprefix("from the start, play ").rstrip(".")
+        played = [t.action for t in episode.trajectory.turns]
+        assert played[:len(moves.split(", "))] == moves.split(", ")
+        assert episode.advice.id != f"route-{episode.trajectory.seed}"
+
+
 def _config(tiny, tmp_path, *overrides):
     return load_config("cpu-demo", [f"warmstart.model=hf:{tiny}", f"actor.model=hf:{tiny}",
                                     "extractor.model=same",
@@ -191,6 +222,57 @@ def test_warmstart_writes_adapters_that_load_and_lower_the_loss(tiny, tmp_path):
     assert not list(out.glob(".*"))  # no staging directory left behind
 
 
+def test_warmstart_only_extractor_keeps_the_actor_and_its_record(tiny, tmp_path):
+    out = tmp_path / "run" / "warmstart"
+    both = run_warmstart(_config(tiny, tmp_path, "warmstart.extractor_samples=4"),
+                         log=lambda _: None)
+    assert both["parts"] == ["actor", "extractor"]
+    assert both["extractor_classes"] == {name: 1 for name in ANSWER_CLASSES}
+    actor = (out / "actor" / "adapter_model.safetensors").read_bytes()
+    extractor = (out / "extractor" / "adapter_model.safetensors").read_bytes()
+    # alone, the extractor comes out as in a run of both (its own seeded data and fit)
+    alone = run_warmstart(_config(tiny, tmp_path, "warmstart.extractor_samples=4"),
+                          log=lambda _: None, only="extractor")
+    assert (out / "extractor" / "adapter_model.safetensors").read_bytes() == extractor
+    assert alone["parts"] == ["extractor"] and "actor_config" not in alone
+    # other extractor settings: a new extractor, the same actor, the actor's record kept
+    eight = run_warmstart(_config(tiny, tmp_path, "warmstart.extractor_samples=8",
+                                  "warmstart.extractor_epochs=1"),
+                          log=lambda _: None, only="extractor")
+    assert len(eight["extractor_losses"]) == 4  # one pass of 8 samples in batches of 2
+    assert (out / "actor" / "adapter_model.safetensors").read_bytes() == actor
+    assert (out / "extractor" / "adapter_model.safetensors").read_bytes() != extractor
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["actor_losses"] == both["actor_losses"]
+    assert metrics["actor_config"]["extractor_samples"] == 4  # what the actor was made with
+    assert metrics["config"]["extractor_samples"] == 8
+    assert metrics["extractor_classes"] == {name: 2 for name in ANSWER_CLASSES}
+
+
+def test_hardening_warmstart_only_bad_values(tiny, tmp_path, capsys):
+    from crl_harness.cli import main
+
+    with pytest.raises(WarmStartError, match="only must be one of actor, extractor"):
+        run_warmstart(_config(tiny, tmp_path), only="critic")
+    with pytest.raises(SystemExit):
+        main(["warmstart", "cpu-demo", "--only", "critic"])
+    assert "invalid choice: 'critic'" in capsys.readouterr().err
+    base = ["warmstart", "cpu-demo", f"warmstart.model=hf:{tiny}", "warmstart.lora.r=4",
+            "warmstart.lora.top_layers=1", f"warmstart.output_dir={tmp_path}/w", "--only",
+            "extractor"]
+    for override in ("warmstart.extractor_samples=0", "arm=none"):
+        assert main([*base, override]) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert "--only extractor" in line and "warmstart.extractor_samples" in line
+    assert not list((tmp_path / "w").iterdir())  # nothing trained or written
+    # an env whose oracle never loses cannot give the lost classes: said, nothing written
+    with pytest.raises(WarmStartError, match=r"return 0 of 1, downvote 0 of 1.*warmstart.noise"):
+        run_warmstart(_config(tiny, tmp_path, "tasks.envs=[{id: CRL/Sokoban-v0}]",
+                              "warmstart.noise=0", "warmstart.extractor_samples=4"),
+                      log=lambda _: None, only="extractor")
+    assert not (tmp_path / "run" / "warmstart" / "extractor").exists()
+
+
 def test_hardening_warmstart_kill_keeps_the_previous_adapter(tiny, tmp_path, monkeypatch):
     cfg = _config(tiny, tmp_path, "warmstart.extractor_samples=0")
     run_warmstart(cfg, log=lambda _: None)
@@ -215,6 +297,7 @@ def test_hardening_warmstart_bad_configs(tiny, tmp_path):
         run_warmstart(_config(tiny, tmp_path, "actor.max_new_tokens=8"))  # targets would be cut
     for override, match in (("warmstart.noise=1.5", "warmstart.noise"),
                             ("warmstart.episodes=0", "warmstart.episodes"),
+                            ("warmstart.extractor_epochs=0", "warmstart.extractor_epochs"),
                             ("warmstart.lora.enabled=false", "LoRA adapters only"),
                             ("warmstart.seed_offset=0", "overlap the training seeds"),
                             ("tasks.heldout_offset=2", "overlap the training seeds"),

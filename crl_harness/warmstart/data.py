@@ -4,9 +4,10 @@ Holds ``play_oracle_episode`` (one episode through the engine's own ``LiveEpisod
 wrappers, system prompt, history and chat template; the replies are the oracle's actions with a
 reason read from the observation), ``route_advice`` (the experience entry "winning moves of an
 earlier attempt at this level"), ``winning_route`` (the shortest route an earlier attempt's
-observations show), ``actor_episodes`` (the mix of plain, noisy and advised episodes) and
-``extractor_sample`` (the Experience Manager's distillation prompt for an episode with an
-operations answer built from its transcript).
+observations show), ``actor_episodes`` (the mix of plain, noisy and advised episodes),
+``extractor_episodes`` (episodes for the extractor, as many of each answer class as of the
+others), ``answer_class`` and ``extractor_sample`` (the Experience Manager's distillation
+prompt for an episode with an operations answer built from its transcript).
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make
 from crl_harness.warmstart.reasons import REASONS, random_reason
 
 __all__ = ["AdvisedEpisode", "route_advice", "winning_route", "earlier_route",
-           "play_oracle_episode", "actor_episodes", "extractor_sample", "reply_ids"]
+           "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_class",
+           "class_quotas", "extractor_episodes", "extractor_sample", "reply_ids"]
 
 EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
 FOREIGN_SHARE = 1 / 3  # of the advised episodes: shown another level's route, taught to set it aside
+ANSWER_CLASSES = ("add", "return", "upvote", "downvote")
+"""what ``extractor_sample`` answers, in the order a count not divisible by four fills them"""
 
 @dataclass
 class AdvisedEpisode:
@@ -197,29 +201,101 @@ def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fr
     return episodes
 
 
+def answer_class(episode: AdvisedEpisode) -> str:
+    """The operation ``extractor_sample`` answers ``episode`` with: a won episode upvotes the
+    entry it followed (``upvote``) or adds its own route (``add``); a lost one downvotes the entry
+    it followed (``downvote``) or changes nothing (``return``). An entry set aside counts as none."""
+    followed = episode.advice is not None and episode.followed
+    if episode.trajectory.won:
+        return "upvote" if followed else "add"
+    return "downvote" if followed else "return"
+
+
+def class_quotas(count: int) -> dict[str, int]:
+    """``count`` samples shared over ``ANSWER_CLASSES`` as evenly as they divide.
+
+    >>> class_quotas(10)
+    {'add': 3, 'return': 3, 'upvote': 2, 'downvote': 2}
+    """
+    share, extra = divmod(count, len(ANSWER_CLASSES))
+    return {name: share + (i < extra) for i, name in enumerate(ANSWER_CLASSES)}
+
+
+def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: float,
+                       rng: random.Random, **play: Any) -> list[AdvisedEpisode]:
+    """Episodes whose ``extractor_sample`` answers are balanced over ``ANSWER_CLASSES``
+    (``class_quotas(count)``), from consecutive levels of ``seeds`` until every class is full:
+
+    - ``add`` / ``return``: a plain episode with ``noise`` (no entry) that won / lost;
+    - ``upvote``: an episode that followed its own level's route (an earlier, unhurried attempt's,
+      as ``actor_episodes`` advises) and won;
+    - ``downvote``: an episode that followed another level's route (an entry retrieval brought
+      for a level it does not fit), then played on with ``noise``, and lost.
+
+    Without balance the extractor learns the frequent answer for every episode (24 samples
+    drawn from the actor's episodes, most of them won with an entry, taught ``upvote`` to
+    everything). Returns fewer of a class when ``seeds`` run out first (the caller checks)."""
+    quotas = class_quotas(count)
+    found: dict[str, list[AdvisedEpisode]] = {name: [] for name in ANSWER_CLASSES}
+
+    def wants(name: str) -> bool:
+        return len(found[name]) < quotas[name]
+
+    routes: list[tuple[ExperienceEntry, list[str]]] = []  # earlier levels' winning routes
+    for seed in seeds:
+        if not any(wants(name) for name in ANSWER_CLASSES):
+            break
+        if wants("add") or wants("return"):
+            plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
+                                                       **play))
+            if wants(answer_class(plain)):
+                found[answer_class(plain)].append(plain)
+        if not (wants("upvote") or wants("downvote")):
+            continue
+        earlier = earlier_route(env_id, seed, **play)
+        if earlier is None:
+            continue
+        start, route = earlier
+        entry = route_advice(env_id, start, route, entry_id=f"route-{seed}")
+        foreign = [(e, moves) for e, moves in routes if e.title != entry.title]
+        routes.append((entry, route))
+        if wants("upvote"):
+            own = AdvisedEpisode(play_oracle_episode(env_id, seed, rng=rng, advice=entry,
+                                                     route=route, **play), entry)
+            if answer_class(own) == "upvote":
+                found["upvote"].append(own)
+        if wants("downvote") and foreign:
+            other, moves = rng.choice(foreign)
+            misled = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
+                                                        advice=other, route=moves, **play), other)
+            if answer_class(misled) == "downvote":
+                found["downvote"].append(misled)
+    return [episode for name in ANSWER_CLASSES for episode in found[name]]
+
+
 def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
                      max_transcript_chars: int) -> Turn:
     """The distillation prompt the Experience Manager builds for ``episode`` (chat-encoded as
-    the extractor receives it) and an answer built from the transcript: a won episode upvotes
-    the entry it followed, or adds its own route; a lost one downvotes the entry it followed, or
-    changes nothing."""
+    the extractor receives it) and an answer built from the transcript (``answer_class``): a
+    won episode upvotes the entry it followed, or adds its own route; a lost one downvotes the
+    entry it followed, or changes nothing."""
     traj = episode.trajectory
     shown = [episode.advice] if episode.advice is not None else []
     request = DistillationRequest(traj.env_id, traj.task, traj.transcript, traj.won, traj.score,
                                   [e.id for e in shown])
     prompt = distill_prompt(request, shown, max_ops=max_ops,
                             max_transcript_chars=max_transcript_chars)
-    if traj.won and shown and episode.followed:
-        ops: list[dict[str, Any]] = [{"op": "upvote", "target_idx": 0}]
-    elif traj.won:
+    kind = answer_class(episode)
+    ops: list[dict[str, Any]]
+    if kind == "add":
         # The moves as played: a lesson the extractor can copy from the transcript it reads.
         lesson = route_advice(traj.env_id, traj.turns[0].observation,
                               [t.action or "" for t in traj.turns])
         ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
-    elif shown and episode.followed:
-        ops = [{"op": "downvote", "target_idx": 0}]
-    else:
+    elif kind == "return":
         ops = [{"op": "return"}]
+    else:
+        ops = [{"op": kind, "target_idx": 0}]
     text = f"<answer>{json.dumps(ops)}</answer>"
     ids = reply_ids(tokenizer, text)
     return Turn(prompt_token_ids=encode_chat(tokenizer, [{"role": "user", "content": prompt}]),

@@ -7,7 +7,11 @@ LoRA adapters on every linear layer are trained with ``sft_loss`` (token-mean NL
 replies) through the same ``PolicyLearner`` that runs GRPO and CISPO, then written atomically
 (a temporary directory renamed into place) as ``OUT/actor`` and ``OUT/extractor``; ``hf:OUT/actor``
 loads the base model with the adapter merged. ``OUT/metrics.json`` records the command's
-settings, data counts, losses and times.
+settings, data counts, losses and times. ``only`` trains one of the two and leaves the other's
+adapter and metrics as they are (``crl warmstart CONFIG --only extractor``).
+
+The extractor's samples are their own episodes (``extractor_episodes``): as many answering
+add, return, upvote and downvote, so that no answer is the safe guess.
 
 Why LoRA: the adapters are a few MB (they can be kept beside the command that made them), an
 update leaves the base weights intact, and with rank 8-16 on all linear layers SmolLM2-135M
@@ -37,10 +41,20 @@ from crl_harness.models.registry import load_backend
 from crl_harness.rollout import Turn
 from crl_harness.training.learner import PolicyLearner, TrainingRow
 from crl_harness.training.packing import pack_turns
-from crl_harness.warmstart.data import AdvisedEpisode, actor_episodes, extractor_sample
+from crl_harness.warmstart.data import (
+    AdvisedEpisode,
+    actor_episodes,
+    answer_class,
+    class_quotas,
+    extractor_episodes,
+    extractor_sample,
+)
 from crl_harness.warmstart.reasons import REASONS
 
-__all__ = ["WarmStartError", "run_warmstart", "fit", "save_adapter", "sample_rows"]
+__all__ = ["WarmStartError", "run_warmstart", "fit", "save_adapter", "sample_rows", "PARTS"]
+
+PARTS = ("actor", "extractor")
+"""what ``run_warmstart(only=...)`` can train alone"""
 
 
 class WarmStartError(UserFacingError):
@@ -89,10 +103,7 @@ def check_replaceable(path: Path) -> None:
     if not path.exists() and not path.is_symlink():
         return
     if path.name == "metrics.json":
-        try:
-            ours = path.is_file() and "actor_losses" in json.loads(path.read_text())
-        except (OSError, ValueError, TypeError):
-            ours = False
+        ours = _read_metrics(path) is not None
     else:
         names = {p.name for p in path.iterdir()} if path.is_dir() and not path.is_symlink() \
             else None
@@ -138,32 +149,84 @@ def save_adapter(learner: PolicyLearner, directory: Path, base: str) -> Path:
     return directory
 
 
+def _read_metrics(path: Path) -> dict[str, Any] | None:
+    """The ``metrics.json`` a warm start wrote at ``path``, or None (absent, or not ours)."""
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and ("actor_losses" in data or "extractor_losses" in data):
+        return data
+    return None
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
 
 
-def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Generate the oracle data of ``cfg``'s envs, fit the actor's (and the extractor's)
-    adapters, write them and ``metrics.json`` under ``cfg.warmstart.output_dir``."""
+def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print,
+                  only: str | None = None) -> dict[str, Any]:
+    """Generate the oracle data of ``cfg``'s envs, fit the actor's and the extractor's adapters
+    (``only``: one of ``PARTS``; the other's adapter and metrics stay as they are), write them
+    and ``metrics.json`` under ``cfg.warmstart.output_dir``."""
     w = cfg.warmstart
+    if only is not None and only not in PARTS:
+        raise WarmStartError(f"only must be one of {', '.join(PARTS)} (or none: both), "
+                             f"got {only!r}")
     unsupported = [e.id for e in cfg.tasks.envs if e.id not in REASONS]
     if unsupported:
         raise WarmStartError(
             f"warm start needs an oracle that reads only the observation; {', '.join(unsupported)} "
             f"has none (its oracle uses the episode's solution). Supported: {', '.join(REASONS)}.")
+    extractor_ready = bool(w.extractor_samples and cfg.uses_experience)
+    if only == "extractor" and not extractor_ready:
+        raise WarmStartError("--only extractor: this config warm-starts no extractor; set "
+                             "warmstart.extractor_samples >= 1 (e.g. 64) and an arm that uses "
+                             "experience (co-evolve or static)")
+    writes_actor = only in (None, "actor")
+    writes_extractor = extractor_ready and only in (None, "extractor")
     out = Path(w.output_dir)
-    writes_extractor = bool(w.extractor_samples and cfg.uses_experience)
-    for name in ("actor", "metrics.json", *(("extractor",) if writes_extractor else ())):
+    parts = [name for name, writes in (("actor", writes_actor), ("extractor", writes_extractor))
+             if writes]
+    for name in (*parts, "metrics.json"):
         check_replaceable(out / name)  # before anything loads or trains
     out.mkdir(parents=True, exist_ok=True)
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
-    torch.manual_seed(cfg.run.seed)
-    rng = random.Random(cfg.run.seed)
     t0 = time.perf_counter()
+    settings = config_to_dict(cfg)["warmstart"]
+    metrics: dict[str, Any] = {}
+    if only:
+        # A part trained alone keeps the other's record (counts, losses, and the settings it
+        # was made with when they differ from this command's).
+        metrics = _read_metrics(out / "metrics.json") or {}
+        other = next(name for name in PARTS if name != only)
+        if metrics.get("config", settings) != settings:
+            metrics.setdefault(f"{other}_config", metrics["config"])
+    metrics.update({"config": settings, "model": w.model, "seed": cfg.run.seed,
+                    "envs": [e.id for e in cfg.tasks.envs], "parts": parts})
+    # Each part seeds its own generators: trained alone, it comes out as in a run of both.
+    if writes_actor:
+        torch.manual_seed(cfg.run.seed)
+        metrics.update(_warm_actor(cfg, out, random.Random(cfg.run.seed), log))
+    if writes_extractor:
+        torch.manual_seed(cfg.run.seed)
+        metrics.update(_warm_extractor(cfg, out, random.Random(cfg.run.seed), log))
+    metrics["total_seconds"] = time.perf_counter() - t0
+    check_replaceable(out / "metrics.json")
+    _write_json(out / "metrics.json", metrics)
+    log(f"warmstart: done in {metrics['total_seconds']:.0f} s; {' and '.join(parts)} adapters "
+        f"in {out} (" + ", ".join(f"{name}.model=hf:{out / name}" for name in parts) + ")")
+    return metrics
 
+
+def _warm_actor(cfg: TrainConfig, out: Path, rng: random.Random,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """Oracle episodes for the actor, its fit and ``OUT/actor``; returns its metrics."""
+    w = cfg.warmstart
+    t0 = time.perf_counter()
     actor_backend = load_backend(w.model, dtype="float32", kv_reuse=False)
     tokenizer = actor_backend.tokenizer
     episodes: list[AdvisedEpisode] = []
@@ -195,37 +258,59 @@ def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[
                                 batch_size=w.batch_size, lora=w.lora, seed=cfg.run.seed, log=log,
                                 label="actor")
     save_adapter(learner, out / "actor", w.model)
-    actor_time = time.perf_counter() - t1
-    del learner, actor_backend
+    return {"episodes": len(episodes), "episodes_won": won,
+            "episodes_with_advice": sum(e.advice is not None for e in episodes),
+            "actor_rows": len(rows), "actor_target_tokens": sum(r.trained_tokens for r in rows),
+            "actor_loss_first": actor_losses[0], "actor_loss_last": actor_losses[-1],
+            "actor_losses": actor_losses, "data_seconds": data_time,
+            "actor_seconds": time.perf_counter() - t1}
 
-    metrics: dict[str, Any] = {
-        "config": config_to_dict(cfg)["warmstart"], "model": w.model,
-        "seed": cfg.run.seed, "envs": [e.id for e in cfg.tasks.envs],
-        "episodes": len(episodes), "episodes_won": won,
-        "episodes_with_advice": sum(e.advice is not None for e in episodes),
-        "actor_rows": len(rows), "actor_target_tokens": sum(r.trained_tokens for r in rows),
-        "actor_loss_first": actor_losses[0], "actor_loss_last": actor_losses[-1],
-        "actor_losses": actor_losses, "data_seconds": data_time, "actor_seconds": actor_time,
-    }
-    if writes_extractor:
-        t2 = time.perf_counter()
-        extractor_backend = load_backend(w.model, dtype="float32", kv_reuse=False)
-        chosen = rng.sample(episodes, min(w.extractor_samples, len(episodes)))
-        samples = [extractor_sample(e, tokenizer=extractor_backend.tokenizer,
-                                    max_ops=ParseLimits().max_ops,
-                                    max_transcript_chars=cfg.experience.max_transcript_chars)
-                   for e in chosen]
-        ex_rows = [row for s in samples for row in sample_rows([s])]
-        learner, ex_losses = fit(extractor_backend.model, ex_rows, lr=w.lr, epochs=w.epochs,
-                                 batch_size=w.batch_size, lora=w.lora, seed=cfg.run.seed, log=log,
-                                 label="extractor")
-        save_adapter(learner, out / "extractor", w.model)
-        metrics.update({"extractor_rows": len(ex_rows), "extractor_loss_first": ex_losses[0],
-                        "extractor_loss_last": ex_losses[-1], "extractor_losses": ex_losses,
-                        "extractor_seconds": time.perf_counter() - t2})
-    metrics["total_seconds"] = time.perf_counter() - t0
-    check_replaceable(out / "metrics.json")
-    _write_json(out / "metrics.json", metrics)
-    log(f"warmstart: done in {metrics['total_seconds']:.0f} s; adapters in {out} "
-        f"(actor.model=hf:{out / 'actor'})")
-    return metrics
+
+def _warm_extractor(cfg: TrainConfig, out: Path, rng: random.Random,
+                    log: Callable[[str], None]) -> dict[str, Any]:
+    """Balanced extractor episodes (``extractor_episodes``) on each env, their distillation
+    samples, the fit and ``OUT/extractor``; returns its metrics."""
+    w = cfg.warmstart
+    t0 = time.perf_counter()
+    backend = load_backend(w.model, dtype="float32", kv_reuse=False)
+    envs = cfg.tasks.envs
+    episodes: list[AdvisedEpisode] = []
+    for index, entry in enumerate(envs):
+        # the samples shared over the envs; each env's own share balanced over the classes
+        count = w.extractor_samples // len(envs) + (index < w.extractor_samples % len(envs))
+        found = extractor_episodes(
+            entry.id, list(w.seeds()), count, noise=w.noise, rng=rng,
+            tokenizer=backend.tokenizer, max_context=backend.max_context,
+            max_new_tokens=cfg.actor.max_new_tokens, history=cfg.actor.history,
+            env_kwargs=entry.kwargs, options=entry.options or None)
+        classes = {name: 0 for name in class_quotas(count)}
+        for episode in found:
+            classes[answer_class(episode)] += 1
+        short = {name: (classes[name], want) for name, want in class_quotas(count).items()
+                 if classes[name] < want}
+        if short:
+            missing = ", ".join(f"{name} {have} of {want}" for name, (have, want) in short.items())
+            raise WarmStartError(
+                f"the oracle's episodes on {entry.id} gave too few extractor samples of a class "
+                f"({missing}) in {len(w.seeds())} levels; lower warmstart.extractor_samples, or "
+                "give the episodes a chance to lose or win (warmstart.noise, the env's "
+                "max_episode_steps)")
+        episodes += found
+    samples = [extractor_sample(e, tokenizer=backend.tokenizer, max_ops=ParseLimits().max_ops,
+                                max_transcript_chars=cfg.experience.max_transcript_chars)
+               for e in episodes]
+    counts = {name: sum(answer_class(e) == name for e in episodes) for name in class_quotas(0)}
+    rows = [row for s in samples for row in sample_rows([s])]
+    data_time = time.perf_counter() - t0
+    log(f"warmstart: {len(rows)} extractor samples ("
+        + ", ".join(f"{n} {name}" for name, n in counts.items()) + f") in {data_time:.0f} s")
+    t1 = time.perf_counter()
+    learner, losses = fit(backend.model, rows, lr=w.lr, epochs=w.epochs if w.extractor_epochs is None else w.extractor_epochs,
+                          batch_size=w.batch_size, lora=w.lora, seed=cfg.run.seed, log=log,
+                          label="extractor")
+    save_adapter(learner, out / "extractor", w.model)
+    return {"extractor_rows": len(rows), "extractor_classes": counts,
+            "extractor_prompt_tokens": sum(len(s.prompt_token_ids) for s in samples),
+            "extractor_loss_first": losses[0], "extractor_loss_last": losses[-1],
+            "extractor_losses": losses, "extractor_data_seconds": data_time,
+            "extractor_seconds": time.perf_counter() - t1}
