@@ -58,28 +58,15 @@ def main() -> None:
         if not low <= getattr(args, name) <= high:
             parser.error(f"--{name.replace('_', '-')} must be in {low}..{high}")
 
-    import gymnasium as gym
-
-    import crl_envs  # noqa: F401  (registers the ids)
-    from crl_harness.config import ConfigError, load_config
     from crl_harness.eval import format_paired, paired_difference, wilson_interval
     from crl_harness.models import load_backend
     from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 
     sys_path_benchmarks()
-    from retrieval_oracle import lessons, oracle_play, pools
+    from retrieval_oracle import config_and_pools, lessons, oracle_play
 
-    try:
-        cfg = load_config(args.config, args.set)
-    except ConfigError as err:
-        parser.error(str(err))
-    entry = cfg.tasks.envs[0]
-    env = gym.make(entry.id, **entry.kwargs)
-    try:
-        seeds = pools(env, cfg.tasks.seed_offset, args.levels)["distinct"]
-        key_of = {s: env.reset(seed=s)[1]["retrieval_query"] for s in seeds}
-    finally:
-        env.close()
+    cfg, pool, key_of = config_and_pools(parser, args)
+    entry, seeds = cfg.tasks.envs[0], pool["distinct"]
 
     routes = lessons(entry.id, seeds, oracle_play(cfg))
     levels = [s for s in seeds if s in routes]

@@ -38,19 +38,42 @@ def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-def pools(env, start: int, levels: int) -> dict[str, list[int]]:
+def pools(env, start: int, levels: int) -> tuple[dict[str, list[int]], dict[int, str]]:
     """``range``: seeds start..start+levels-1; ``distinct``: the first seeds from ``start`` whose
-    ``info["retrieval_query"]`` differ."""
-    keys: dict[str, int] = {}
+    ``info["retrieval_query"]`` differ; and the retrieval key of every seed of both."""
+    first: dict[str, int] = {}
+    key_of: dict[int, str] = {}
     seed = start
-    while len(keys) < levels:
+    while len(first) < levels or seed < start + levels:
         if seed - start > 50 * levels:
-            raise SystemExit(f"only {len(keys)} distinct retrieval keys in {seed - start} levels; "
-                             "ask for fewer --levels")
+            raise SystemExit(f"only {len(first)} distinct retrieval keys in {seed - start} "
+                             "levels; ask for fewer --levels")
         _, info = env.reset(seed=seed)
-        keys.setdefault(info["retrieval_query"], seed)
+        key_of[seed] = info["retrieval_query"]
+        first.setdefault(key_of[seed], seed)
         seed += 1
-    return {"range": list(range(start, start + levels)), "distinct": sorted(keys.values())}
+    return {"range": list(range(start, start + levels)),
+            "distinct": sorted(first.values())[:levels]}, key_of
+
+
+def config_and_pools(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The config of ``--config`` and ``--set`` (a bad one: a usage error) and ``pools`` of
+    ``--levels`` levels of its first env."""
+    import gymnasium as gym
+
+    import crl_envs  # noqa: F401  (registers the ids)
+    from crl_harness.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as err:
+        parser.error(str(err))
+    entry = cfg.tasks.envs[0]
+    env = gym.make(entry.id, **entry.kwargs)
+    try:
+        return (cfg, *pools(env, cfg.tasks.seed_offset, args.levels))
+    finally:
+        env.close()
 
 
 def lessons(env_id: str, seeds: list[int], play: dict) -> dict[int, object]:
@@ -142,21 +165,8 @@ def main() -> None:
         if not low <= getattr(args, name) <= high:
             parser.error(f"--{name} must be in {low}..{high}")
 
-    import gymnasium as gym
-
-    import crl_envs  # noqa: F401  (registers the ids)
-    from crl_harness.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(args.config, args.set)
-    except ConfigError as err:
-        parser.error(str(err))
+    cfg, pool, key_of = config_and_pools(parser, args)
     entry = cfg.tasks.envs[0]
-    env = gym.make(entry.id, **entry.kwargs)
-    try:
-        pool = pools(env, cfg.tasks.seed_offset, args.levels)
-    finally:
-        env.close()
     if args.print_seeds:
         print(f"tasks.seeds=[{','.join(map(str, pool['distinct']))}]")
         return
@@ -168,11 +178,7 @@ def main() -> None:
     print(f"{'pool':<9} {'keys':>5} {'lessons':>7} {'query':<5} {'re-rank':<8} {'own lesson':>11} "
           f"{'rate':>6} {'95% CI':>13} {'secs':>5}")
     for name, seeds in pool.items():
-        env = gym.make(entry.id, **entry.kwargs)
-        try:
-            keys = len({env.reset(seed=s)[1]["retrieval_query"] for s in seeds})
-        finally:
-            env.close()
+        keys = len({key_of[s] for s in seeds})
         routes = lessons(entry.id, seeds, play)
         for query, rerank in (("old", True), ("key", True), ("key", False)):
             start = time.perf_counter()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 EFFICACY = Path(__file__).resolve().parents[1] / "benchmarks" / "efficacy.py"
+PILOT = Path(__file__).resolve().parents[1] / "benchmarks" / "pilot_curve.py"
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -59,3 +60,19 @@ def test_hardening_efficacy_empty_arms_a_file_as_out_and_a_negative_seed_are_usa
         err = capsys.readouterr().err
         assert stopped.value.code == 2 and message in err and "Traceback" not in err, flags
     assert a_file.read_text() == "kept\n" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--steps", "0"], "--steps must be in 1..1000"),
+    (["--levels", "0"], "--levels in 1..10000"),
+    (["--steps", "4", "--eval-at", "5"], "every --eval-at step must be in 1..--steps (4)"),
+    (["--eval-at", "0"], "every --eval-at step must be in 1..--steps"),
+    (["--arm", "grpo"], "invalid choice"),
+    (["--set", "actor.no_such_key=1"], "no_such_key"),
+])
+def test_hardening_pilot_curve_flags_stop_with_usage_before_training(tmp_path, flags, message):
+    done = subprocess.run([sys.executable, str(PILOT), "--out", str(tmp_path / "out"), *flags],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -305,9 +305,9 @@ def _warm_extractor(cfg: TrainConfig, out: Path, rng: random.Random,
     log(f"warmstart: {len(rows)} extractor samples ("
         + ", ".join(f"{n} {name}" for name, n in counts.items()) + f") in {data_time:.0f} s")
     t1 = time.perf_counter()
-    learner, losses = fit(backend.model, rows, lr=w.lr, epochs=w.epochs if w.extractor_epochs is None else w.extractor_epochs,
-                          batch_size=w.batch_size, lora=w.lora, seed=cfg.run.seed, log=log,
-                          label="extractor")
+    epochs = w.epochs if w.extractor_epochs is None else w.extractor_epochs
+    learner, losses = fit(backend.model, rows, lr=w.lr, epochs=epochs, batch_size=w.batch_size,
+                          lora=w.lora, seed=cfg.run.seed, log=log, label="extractor")
     save_adapter(learner, out / "extractor", w.model)
     return {"extractor_rows": len(rows), "extractor_classes": counts,
             "extractor_prompt_tokens": sum(len(s.prompt_token_ids) for s in samples),
