@@ -126,7 +126,7 @@ def test_another_levels_advice_is_set_aside(backend):
     other = route_advice(ROOM, first.turns[0].observation, winning_route(first))
     traj = _play(backend, seed=4, advice=other)
     assert other.text in backend.tokenizer.decode(traj.turns[0].prompt_token_ids)
-    assert parse_answer(traj.turns[0].text).think.startswith("Advice for another start")
+    assert parse_answer(traj.turns[0].text).think.startswith("Advice for another level")
     plain = _play(backend, seed=4)
     assert [t.action for t in traj.turns] == [t.action for t in plain.turns]
 
@@ -291,8 +291,8 @@ def test_hardening_warmstart_kill_keeps_the_previous_adapter(tiny, tmp_path, mon
 
 
 def test_hardening_warmstart_bad_configs(tiny, tmp_path):
-    with pytest.raises(WarmStartError, match="CRL/WebShop-v0 has none"):
-        run_warmstart(_config(tiny, tmp_path, "tasks.envs=[{id: CRL/WebShop-v0}]"))
+    with pytest.raises(WarmStartError, match="CRL/SWEBenchToy-v0 has none.*remove it"):
+        run_warmstart(_config(tiny, tmp_path, "tasks.envs=[{id: CRL/SWEBenchToy-v0}]"))
     with pytest.raises(WarmStartError, match="raise actor.max_new_tokens"):
         run_warmstart(_config(tiny, tmp_path, "actor.max_new_tokens=8"))  # targets would be cut
     for override, match in (("warmstart.noise=1.5", "warmstart.noise"),

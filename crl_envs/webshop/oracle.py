@@ -3,7 +3,8 @@
 Holds ``WebShopOracle``. It reads the episode's goal (``env.unwrapped.goal``) and then acts only
 through the text interface: it searches the instruction, opens the goal product when its ASIN
 is on the page (else searches the product's title, which ranks it first), selects each goal
-option, and buys.
+option, and buys; on another product's page (a noisy turn of the warm start opened it) it goes
+back.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ class WebShopOracle:
     def act(self, observation: str, info: dict[str, Any]) -> str:
         asin = self.env.unwrapped.goal["asin"].lower()
         admissible = set(info.get("admissible_actions") or [])
-        if "click[buy now]" in admissible:  # the goal product's page
+        if "click[buy now]" in admissible:  # a product's page
+            if (self.env.unwrapped.site.asin or "").lower() != asin:
+                return "click[< prev]"  # another product (a noisy turn opened it): back
             while self._pending_options:
                 option = self._pending_options.pop(0)
                 if f"click[{option}]" in admissible:

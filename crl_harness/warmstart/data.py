@@ -2,9 +2,10 @@
 
 Holds ``play_oracle_episode`` (one episode through the engine's own ``LiveEpisode``: same env
 wrappers, system prompt, history and chat template; the replies are the oracle's actions with a
-reason read from the observation), ``route_advice`` (the experience entry "winning moves of an
+reason read from the observations), ``route_advice`` (the experience entry "winning moves of an
 earlier attempt at this level"), ``winning_route`` (the shortest route an earlier attempt's
-observations show), ``actor_episodes`` (the mix of plain, noisy and advised episodes),
+observations show), ``earlier_route`` (that attempt and its entry), ``actor_episodes`` (the mix
+of plain, noisy and advised episodes),
 ``extractor_episodes`` (episodes for the extractor, as many of each answer class as of the
 others), ``answer_class`` and ``extractor_sample`` (the Experience Manager's distillation
 prompt for an episode with an operations answer built from its transcript).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,10 @@ __all__ = ["AdvisedEpisode", "route_advice", "winning_route", "earlier_route",
            "class_quotas", "extractor_episodes", "extractor_sample", "reply_ids"]
 
 EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
+STRAY_NOISE = 1.0
+"""the noise of the extra episode ``extractor_episodes`` plays for a lost class when the oracle
+recovered from ``noise`` (WebShop's and ALFWorld's do: a random click or step rarely hurts)"""
+_PLACEHOLDER = re.compile(r"\[<\w+>\]$")  # WebShop's "search[<query>]": a form, not an action
 FOREIGN_SHARE = 1 / 3  # of the advised episodes: shown another level's route, taught to set it aside
 ANSWER_CLASSES = ("add", "return", "upvote", "downvote")
 """what ``extractor_sample`` answers, in the order a count not divisible by four fills them"""
@@ -55,15 +61,21 @@ class _FixedAdvice:
 
 
 def route_advice(env_id: str, start_observation: str, moves: list[str],
-                 entry_id: str = "advice") -> ExperienceEntry:
+                 entry_id: str = "advice", task: str = "") -> ExperienceEntry:
     """The lesson "from the start, play MOVES", keyed by where the episode started.
 
-    The title carries the level's key (MiniHack's ``level_key``: the start cell and what is in
-    view there), the env's ``info["retrieval_query"]`` with which the next episode at this level
-    retrieves, so that it finds this entry.
+    The title carries what the next episode at this level retrieves with, so that it finds this
+    entry: MiniHack's ``level_key`` (the start cell and what is in view there, its
+    ``info["retrieval_query"]``), else the episode's ``task`` (WebShop's instruction, ALFWorld's
+    task sentence: the key of envs whose levels differ by task).
+
+    >>> route_advice("CRL/WebShop-v0", "WebShop [SEP] ...", ["search[red mug]", "click[buy now]"],
+    ...              task="Find me a red mug").title
+    'Winning moves for: Find me a red mug'
     """
     key = level_key(start_observation)
-    title = f"Winning moves from {key}" if key is not None else "Winning moves of this level"
+    title = (f"Winning moves from {key}" if key is not None
+             else f"Winning moves for: {task}" if task else "Winning moves of this level")
     return ExperienceEntry(entry_id, env_id, title, f"from the start, play {', '.join(moves)}.")
 
 
@@ -103,14 +115,15 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
 
     Each turn's prompt is what ``RolloutEngine`` would send (``LiveEpisode``'s conversation,
     trimmed to ``max_context - max_new_tokens``, encoded with the chat template); the reply is
-    ``<think>REASON</think><answer>ACTION</answer>`` + EOS. With probability ``noise`` a turn
-    plays and teaches a random allowed action instead. With ``advice`` the system prompt
+    ``<think>REASON</think><answer>ACTION</answer>`` + EOS, the reason from ``REASONS`` (given
+    the episode's observations so far). With probability ``noise`` a turn plays and teaches a
+    random allowed action instead (a form such as ``search[<query>]`` is not one). With ``advice`` the system prompt
     carries the entry, and for the first ``len(route)`` turns it plays the route's moves (the
     ones the advice names) and says so; with ``advice`` and no ``route`` the entry is another
     level's, and the first reason says it is set aside.
     """
     if env_id not in REASONS:
-        raise ValueError(f"No observation-only oracle reasons for {env_id}; warm start supports "
+        raise ValueError(f"No honest oracle reasons for {env_id}; warm start supports "
                          f"{', '.join(REASONS)}.")
     rng = rng or random.Random(seed)
     env = make_env(env_id, _FixedAdvice(advice) if advice else None, 1, **(env_kwargs or {}))
@@ -122,20 +135,28 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
         oracle.reset(episode.observation, episode.info)
         budget = max_context - max_new_tokens
         traj = episode.trajectory
+        left_route = False
         while not episode.done and traj.steps < episode.max_turns:
             observation, info = episode.observation, episode.info
-            planned = oracle.act(observation, info)
+            earlier = [t.observation for t in traj.turns]
             t = traj.steps
+            allowed = [a for a in info.get("admissible_actions") or [] if not _PLACEHOLDER.search(a)]
+            planned: str | None = None  # the oracle's move, where asked (a noise turn does not)
             if route is not None and t < len(route):
                 action = route[t]
-                reason = f"The advice's winning moves: move {t + 1} of {len(route)} is {action}."
-            elif noise and rng.random() < noise and info.get("admissible_actions"):
-                action = rng.choice(list(info["admissible_actions"]))
-                reason = random_reason(observation, action)
+                if not left_route:  # once the route left the oracle's plan, no need to ask
+                    planned = oracle.act(observation, info)
+                # a long move (WebShop's search of a whole instruction) is not said twice
+                named = f" is {action}" if len(action) <= 40 else ""
+                reason = f"The advice's winning moves: move {t + 1} of {len(route)}{named}."
+            elif noise and allowed and rng.random() < noise:
+                action = rng.choice(allowed)
+                reason = random_reason(observation, action, earlier)
             else:
-                action, reason = planned, REASONS[env_id](observation, planned)
+                planned = action = oracle.act(observation, info)
+                reason = REASONS[env_id](observation, action, earlier)
             if advice is not None and route is None and t == 0:
-                reason = f"Advice for another start: set aside. {reason}"
+                reason = f"Advice for another level: set aside. {reason}"
             text = f"<think>{reason}</think><answer>{action}</answer>"
             messages = episode.conversation.messages(
                 budget, lambda m: len(encode_chat(tokenizer, m)))
@@ -150,6 +171,7 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
             if action != planned:
                 # The oracle learns blocked moves from its own last move; after a move it did
                 # not choose, it starts afresh from the new observation.
+                left_route = route is not None and t < len(route)
                 oracle.reset(episode.observation, episode.info)
         traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score)
         return traj
@@ -157,14 +179,19 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
         env.close()
 
 
-def earlier_route(env_id: str, seed: int, **play: Any) -> tuple[str, list[str]] | None:
+def earlier_route(env_id: str, seed: int, **play: Any) -> tuple[ExperienceEntry, list[str]] | None:
     """An earlier attempt at level ``seed``: the oracle plays without noise and without hurry
-    (``EARLIER_ATTEMPT_STEPS``); if it wins, its first observation and ``winning_route``."""
-    attempt_kwargs = {**(play.get("env_kwargs") or {}), "max_episode_steps": EARLIER_ATTEMPT_STEPS}
-    attempt = play_oracle_episode(env_id, seed, **{**play, "env_kwargs": attempt_kwargs})
+    (at least ``EARLIER_ATTEMPT_STEPS``); if it wins, its ``winning_route`` and the entry
+    ``route_advice`` writes of it (id ``route-SEED``)."""
+    kwargs = play.get("env_kwargs") or {}
+    steps = max(EARLIER_ATTEMPT_STEPS, kwargs.get("max_episode_steps") or 0)
+    attempt = play_oracle_episode(env_id, seed, **{**play, "env_kwargs": {
+        **kwargs, "max_episode_steps": steps}})
     if not attempt.won:
         return None
-    return attempt.turns[0].observation, winning_route(attempt)
+    route = winning_route(attempt)
+    return route_advice(env_id, attempt.turns[0].observation, route, entry_id=f"route-{seed}",
+                        task=attempt.task), route
 
 
 def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fraction: float,
@@ -181,8 +208,7 @@ def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fr
         if rng.random() < experience_fraction:
             found = earlier_route(env_id, seed, **play)
             if found is not None:
-                start, route = found
-                entry = route_advice(env_id, start, route, entry_id=f"route-{seed}")
+                entry, route = found
                 foreign = [e for e in own_routes if e.title != entry.title]
                 if foreign and rng.random() < FOREIGN_SHARE:
                     other = rng.choice(foreign)
@@ -232,6 +258,12 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     - ``downvote``: an episode that followed another level's route (an entry retrieval brought
       for a level it does not fit), then played on with ``noise``, and lost.
 
+    Where the oracle recovers from ``noise`` (a random WebShop click or ALFWorld step rarely
+    costs the episode), a lost class that is still wanted gets one more episode of the level,
+    played on at ``STRAY_NOISE`` (after the route, for ``downvote``): an agent that wanders and
+    loses, the case the answer is for. With ``noise`` 0 none wanders: the oracle's episodes
+    alone.
+
     Without balance the extractor learns the frequent answer for every episode (24 samples
     drawn from the actor's episodes, most of them won with an entry, taught ``upvote`` to
     everything). Returns fewer of a class when ``seeds`` run out first (the caller checks)."""
@@ -250,13 +282,17 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
                                                        **play))
             if wants(answer_class(plain)):
                 found[answer_class(plain)].append(plain)
+            if plain.trajectory.won and wants("return") and 0 < noise < STRAY_NOISE:
+                stray = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=STRAY_NOISE,
+                                                           rng=rng, **play))
+                if answer_class(stray) == "return":
+                    found["return"].append(stray)
         if not (wants("upvote") or wants("downvote")):
             continue
         earlier = earlier_route(env_id, seed, **play)
         if earlier is None:
             continue
-        start, route = earlier
-        entry = route_advice(env_id, start, route, entry_id=f"route-{seed}")
+        entry, route = earlier
         foreign = [(e, moves) for e, moves in routes if e.title != entry.title]
         routes.append((entry, route))
         if wants("upvote"):
@@ -266,10 +302,13 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
                 found["upvote"].append(own)
         if wants("downvote") and foreign:
             other, moves = rng.choice(foreign)
-            misled = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
-                                                        advice=other, route=moves, **play), other)
-            if answer_class(misled) == "downvote":
-                found["downvote"].append(misled)
+            for level_noise in (noise, STRAY_NOISE) if 0 < noise < STRAY_NOISE else (noise,):
+                misled = AdvisedEpisode(play_oracle_episode(
+                    env_id, seed, noise=level_noise, rng=rng, advice=other, route=moves, **play),
+                    other)
+                if answer_class(misled) == "downvote":
+                    found["downvote"].append(misled)
+                    break
     return [episode for name in ANSWER_CLASSES for episode in found[name]]
 
 
@@ -290,7 +329,7 @@ def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
     if kind == "add":
         # The moves as played: a lesson the extractor can copy from the transcript it reads.
         lesson = route_advice(traj.env_id, traj.turns[0].observation,
-                              [t.action or "" for t in traj.turns])
+                              [t.action or "" for t in traj.turns], task=traj.task)
         ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
     elif kind == "return":
         ops = [{"op": "return"}]

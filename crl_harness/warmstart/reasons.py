@@ -1,24 +1,36 @@
-"""Short true reasons for an action, read from the observation the agent saw.
+"""Short true reasons for an action, read from what the agent saw.
 
 A warm-start target is ``<think>REASON</think><answer>ACTION</answer>``; the reason may only
-state what the observation shows (where a seen goal lies, how many moves solve the grid), never
-hidden state, and it is built by code, never free text. ``REASONS`` maps the env ids whose
-oracles read only the observation (MiniHack, Sokoban) to their reason function; the others'
-oracles use the episode's own solution (goal product, walkthrough, gold patch), so they have no
-honest reason to give and cannot be warm-started this way.
+state what the episode's observations show (where a seen goal lies, how many moves solve the
+grid, which words of the instruction a result's title shares, where a needed object was seen),
+never hidden state, and it is built by code, never free text. ``REASONS`` maps an env id to its
+reason function ``reason(observation, action, earlier)``: ``earlier`` are the episode's earlier
+observations, oldest first (what the agent has seen before this one).
+
+- MiniHack, Sokoban (``minihack_reason``, ``sokoban_reason``): the oracles read only the
+  observation, and so do the reasons.
+- WebShop, ALFWorld (``webshop_reason``, ``alfworld_reason``): the oracles act on privileged state
+  (the goal product, the game's walkthrough); their actions are behaviour-cloning targets as in
+  every published SFT baseline, but the reasons say only what the instruction, the task sentence
+  and the observations so far show (a product is never called the goal, an object is never
+  placed before it was seen).
+- SWE-bench has none: its oracle applies the gold patch, which no observation explains.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from crl_envs.minihack.oracle import MOVES, parse_observation
 
-__all__ = ["REASONS", "minihack_reason", "sokoban_reason", "random_reason"]
+__all__ = ["REASONS", "minihack_reason", "sokoban_reason", "webshop_reason", "alfworld_reason",
+           "random_reason"]
 
 
-def minihack_reason(observation: str, action: str) -> str:
-    """Why ``action`` from what a MiniHack observation shows.
+def minihack_reason(observation: str, action: str, earlier: Sequence[str] = ()) -> str:
+    """Why ``action`` from what a MiniHack observation shows (``earlier`` is not needed).
 
     Example:
         >>> obs = ("Map (top-left cell is x=1, y=1; x grows east, y grows south):\\n     123\\n"
@@ -55,8 +67,9 @@ def minihack_reason(observation: str, action: str) -> str:
     return f"{here}; the stairs are not in sight; {action} explores unseen cells."
 
 
-def sokoban_reason(observation: str, action: str) -> str:
-    """Why ``action`` in a Sokoban grid: boxes placed and the moves a shortest solution needs.
+def sokoban_reason(observation: str, action: str, earlier: Sequence[str] = ()) -> str:
+    """Why ``action`` in a Sokoban grid: boxes placed and the moves a shortest solution needs
+    (``earlier`` is not needed).
 
     Example:
         >>> grid = "# # # # #\\n# P X O #\\n# # # # #\\nBoxes on targets: 0 of 1."
@@ -77,16 +90,237 @@ def sokoban_reason(observation: str, action: str) -> str:
         return f"{prefix}I try {action}."
     return f"{prefix}a shortest solution takes {len(plan)} moves from here; it starts {plan[0]}."
 
+# --------------------------------------------------------------------------------- WebShop
+_STOPWORDS = frozenset(
+    "a an and are as at be by for from i in is it me my of on or than that the this to with "
+    "find need want looking buy get show would like price lower dollars".split())
+_LEADS = re.compile(r"^(?:find me|i need|i want|i am looking for|i'm looking for|looking for|"
+                    r"get me|buy me|show me|i would like)\s+(?:(?:an?|some|the)\s+)?", re.I)
+_NEUTRAL_CLICKS = {"next >": "I look at the next page of results.",
+                   "< prev": "I go back to the previous page.",
+                   "back to search": "I go back to the search page."}
 
-def random_reason(observation: str, action: str) -> str:
+
+def _segments(observation: str) -> list[str]:
+    return [part.strip() for part in observation.split("[SEP]")]
+
+
+def _instruction(observation: str) -> str:
+    """The instruction a WebShop page shows (the text after "Instruction:")."""
+    parts = _segments(observation)
+    for i, part in enumerate(parts[:-1]):
+        if part.endswith("Instruction:"):
+            return parts[i + 1]
+    return ""
+
+
+def _words(text: str) -> list[str]:
+    found = re.findall(r"[a-z0-9](?:[a-z0-9'.-]*[a-z0-9])?", text.lower())
+    return [w for w in found if w not in _STOPWORDS]
+
+
+def _what_is_asked(instruction: str, limit: int = 12) -> str:
+    """The product an instruction asks for: its words before the attributes and the price."""
+    what = _LEADS.sub("", instruction.strip())
+    what = re.split(r"\s+with\s+|,?\s+and\s+price\b|,?\s+price\b", what, maxsplit=1)[0]
+    words = what.strip(" ,.").split()
+    return " ".join(words[:limit]) + (" ..." if len(words) > limit else "")
+
+
+def webshop_reason(observation: str, action: str, earlier: Sequence[str] = ()) -> str:
+    """Why ``action`` on a WebShop page, from the instruction and the page's text only.
+
+    Example:
+        >>> page = ("Instruction: [SEP] Find me gluten free snacks with flavor name: vanilla, "
+        ...         "and price lower than 20.00 dollars [SEP] Back to Search [SEP] Page 1 "
+        ...         "(Total results: 50) [SEP] Next > [SEP] B0ABCDEFGH [SEP] Vanilla Gluten "
+        ...         "Free Bars [SEP] $9.99")
+        >>> webshop_reason(page, "search[Find me gluten free snacks with flavor name: vanilla]")
+        'The instruction asks for gluten free snacks; I search for it.'
+        >>> print(webshop_reason(page, "click[b0abcdefgh]"))
+        "Vanilla Gluten Free Bars" matches the instruction's words vanilla, gluten, free.
+        >>> webshop_reason(page, "click[vanilla]")
+        'The instruction asks for vanilla.'
+        >>> webshop_reason(page, "click[next >]")
+        'I look at the next page of results.'
+    """
+    match = re.fullmatch(r"(search|click)\[(.+)\]", action.strip())
+    if match is None:
+        return f"I try {action}."
+    kind, argument = match.group(1), match.group(2).strip()
+    instruction = _instruction(observation)
+    if kind == "search":
+        asked = set(_words(instruction))
+        query = _words(argument)
+        if query and sum(w in asked for w in query) >= len(query) / 2:
+            return f"The instruction asks for {_what_is_asked(instruction)}; I search for it."
+        return "I search again with other words."
+    name = argument.lower()
+    if name in _NEUTRAL_CLICKS:
+        return _NEUTRAL_CLICKS[name]
+    if name == "buy now":
+        return "The options the instruction names are selected; I buy it."
+    if name in ("description", "features", "reviews"):
+        return f"I read the product's {name}."
+    parts = _segments(observation)
+    shown = [i for i, part in enumerate(parts[:-1]) if part.lower() == name]
+    if shown and re.fullmatch(r"[a-z0-9]{10}", name):  # a product link: its title follows
+        title = parts[shown[0] + 1]
+        asked = set(_words(instruction))
+        common = list(dict.fromkeys(w for w in _words(title) if w in asked))[:6]
+        words = title.split()
+        short = " ".join(words[:10]) + (" ..." if len(words) > 10 else "")
+        if common:
+            return f"\"{short}\" matches the instruction's words {', '.join(common)}."
+        return f"I open \"{short}\" to see its options."
+    if name in instruction.lower():
+        return f"The instruction asks for {name}."
+    return f"I select {name}."
+
+
+# --------------------------------------------------------------------------------- ALFWorld
+_TASK_LINE = re.compile(r"Your task is to: (.+?)\.?\s*$", re.M)
+_TASK_OBJECT = re.compile(r"^(?:put|find|clean|heat|cool|examine|look at)\s+(?:(?:a|an|two|some|"
+                          r"the)\s+)?(?:(?:clean|hot|cool|cold)\s+)?(\w+)")
+_TASK_TARGET = re.compile(r"\b(?:in|on|with|under)\s+(?:the\s+)?(\w+)$")
+_ENTITY = r"([a-z]+ \d+)"
+_TREATMENTS = {"clean": ("clean", "clean"), "heat": ("hot", "heat"), "cool": ("cool", "cool")}
+
+
+def _article(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
+
+
+def _kind(entity: str) -> str:
+    """``"keychain 1"`` -> ``"keychain"``."""
+    return entity.rsplit(" ", 1)[0]
+
+
+@dataclass
+class _Seen:
+    """What an ALFWorld episode's observations show so far."""
+
+    task: str = ""
+    held: str | None = None
+    visited: set[str] = field(default_factory=set)
+    where: dict[str, str] = field(default_factory=dict)  # object -> the place it was seen at
+
+    @classmethod
+    def read(cls, texts: Sequence[str]) -> _Seen:
+        seen = cls()
+        for text in texts:
+            task = _TASK_LINE.search(text)
+            if task:
+                seen.task = task.group(1).strip()
+            place = re.search(rf"(?:You arrive at|You open the) {_ENTITY}", text)
+            if place:
+                seen.visited.add(place.group(1))
+                contents = re.search(r"you see (.+?)\.(?:\s|$)", text)
+                for thing in re.findall(rf"\ban? {_ENTITY}", contents.group(1) if contents else ""):
+                    seen.where[thing] = place.group(1)
+            taken = re.search(rf"You pick up the {_ENTITY} from", text)
+            if taken:
+                seen.held = taken.group(1)
+                seen.where.pop(seen.held, None)
+            put = re.search(rf"You (?:move|put) the {_ENTITY} (?:to|in|on|into|onto) the {_ENTITY}",
+                            text)
+            if put:
+                seen.held = None
+                seen.where[put.group(1)] = put.group(2)
+        return seen
+
+
+def alfworld_reason(observation: str, action: str, earlier: Sequence[str] = ()) -> str:
+    """Why ``action`` in ALFWorld, from the task sentence and the episode's observations so far
+    (what the agent holds, where it has looked, where it saw what).
+
+    Example:
+        >>> start = ("You are in the middle of a room. Looking quickly around you, you see a "
+        ...          "drawer 1, a ottoman 1, and a sidetable 1.\\n"
+        ...          "Your task is to: put two keychain in ottoman.")
+        >>> alfworld_reason(start, "go to sidetable 1")
+        'I look for a keychain; sidetable 1 is a place I have not looked yet.'
+        >>> seen = "You arrive at sidetable 1. On the sidetable 1, you see a keychain 1, and a vase 1."
+        >>> alfworld_reason(seen, "take keychain 1 from sidetable 1", [start])
+        'I see keychain 1 at sidetable 1; the task needs a keychain; I take it.'
+        >>> took = "You pick up the keychain 1 from the sidetable 1."
+        >>> alfworld_reason(took, "go to ottoman 1", [start, seen])
+        'I hold keychain 1; the task puts it in an ottoman; I go to ottoman 1.'
+    """
+    seen = _Seen.read([*earlier, observation])
+    task = seen.task
+    obj = _TASK_OBJECT.search(task)
+    target = _TASK_TARGET.search(task)
+    obj_kind = obj.group(1) if obj else "object"
+    target_kind = target.group(1) if target else ""
+    treat = next((verb for verb, (adj, _) in _TREATMENTS.items()
+                  if re.search(rf"\b({verb}|{adj}|cold)\b" if verb == "cool" else
+                               rf"\b({verb}|{adj})\b", task)), None)
+    held = seen.held if seen.held and _kind(seen.held) == obj_kind else None
+    act = action.strip()
+    if act.startswith("go to "):
+        place = act.removeprefix("go to ")
+        if held:
+            if treat and _kind(place) in ("sinkbasin", "microwave", "fridge") \
+                    and _kind(place) != target_kind:
+                adj, verb = _TREATMENTS[treat]
+                return f"I hold {held}; the task needs it {adj}; I go to {place} to {verb} it."
+            if target_kind and any(_kind(t) == target_kind and p == place
+                                   for t, p in seen.where.items()):
+                return f"I hold {held}; I saw {_article(target_kind)} at {place}; I go there."
+            if _kind(place) == target_kind:
+                return f"I hold {held}; the task puts it in {_article(target_kind)}; " \
+                       f"I go to {place}."
+            return f"I hold {held}; I go to {place}."
+        here = [t for t, p in seen.where.items()
+                if p == place and _kind(t) == obj_kind and _kind(p) != target_kind]
+        if here:
+            return f"I saw {here[0]} at {place}; the task needs {_article(obj_kind)}; I go there."
+        if place in seen.visited:
+            return f"I look for {_article(obj_kind)}; {place} may hold one."
+        return f"I look for {_article(obj_kind)}; {place} is a place I have not looked yet."
+    taken = re.fullmatch(rf"take {_ENTITY} from {_ENTITY}", act)
+    if taken:
+        thing, place = taken.groups()
+        if _kind(thing) != obj_kind:
+            return f"I take {thing} from {place}."
+        verb = "I see" if re.search(rf"\b{thing}\b", observation) else "I saw"
+        return f"{verb} {thing} at {place}; the task needs {_article(obj_kind)}; I take it."
+    put = re.fullmatch(rf"(?:move|put) {_ENTITY} (?:to|in|on|in/on) {_ENTITY}", act)
+    if put:
+        thing, place = put.groups()
+        return f"The task puts {_article(obj_kind)} in {_article(target_kind or _kind(place))}; " \
+               f"I put {thing} in {place}."
+    treated = re.fullmatch(rf"(clean|heat|cool) {_ENTITY} with {_ENTITY}", act)
+    if treated:
+        verb, thing, tool = treated.groups()
+        adj = _TREATMENTS[verb][0]
+        return f"The task needs {_article(f'{adj} {obj_kind}')}; I {verb} {thing} with {tool}."
+    if act.startswith("open "):
+        place = act.removeprefix("open ")
+        state = f"{place} is closed; " if re.search(rf"{place} is closed", observation) else ""
+        return f"{state}I open {place} to look inside."
+    if act.startswith("use "):
+        lamp = act.removeprefix("use ")
+        if held:
+            return f"I hold {held}; the task looks at it under the {_kind(lamp)}; I turn on {lamp}."
+        return f"The task looks at {_article(obj_kind)} under the {_kind(lamp)}; I turn on {lamp}."
+    if act.startswith(("close ", "examine ")):
+        return f"I {act}."
+    return f"I try {action}."
+
+
+def random_reason(observation: str, action: str, earlier: Sequence[str] = ()) -> str:
     """The reason of a noise turn: a try, with no claim about the state."""
     return f"I try {action}."
 
 
-REASONS: dict[str, Callable[[str, str], str]] = {
+REASONS: dict[str, Callable[[str, str, Sequence[str]], str]] = {
     "CRL/MiniHackRoom-v0": minihack_reason,
     "CRL/MiniHackMaze-v0": minihack_reason,
     "CRL/MiniHackKeyRoom-v0": minihack_reason,
     "CRL/MiniHackRiver-v0": minihack_reason,
     "CRL/Sokoban-v0": sokoban_reason,
+    "CRL/WebShop-v0": webshop_reason,
+    "CRL/ALFWorld-v0": alfworld_reason,
 }

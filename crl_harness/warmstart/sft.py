@@ -178,8 +178,10 @@ def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print,
     unsupported = [e.id for e in cfg.tasks.envs if e.id not in REASONS]
     if unsupported:
         raise WarmStartError(
-            f"warm start needs an oracle that reads only the observation; {', '.join(unsupported)} "
-            f"has none (its oracle uses the episode's solution). Supported: {', '.join(REASONS)}.")
+            f"warm start needs oracle actions with reasons an observation can honestly give; "
+            f"{', '.join(unsupported)} has none (its oracle applies the episode's solution, which "
+            f"no observation explains): remove it from tasks.envs. Supported: "
+            f"{', '.join(REASONS)}.")
     extractor_ready = bool(w.extractor_samples and cfg.uses_experience)
     if only == "extractor" and not extractor_ready:
         raise WarmStartError("--only extractor: this config warm-starts no extractor; set "
