@@ -190,6 +190,122 @@ def test_extractor_samples_are_balanced_over_the_answer_classes(backend):
         assert episode.advice.id != f"route-{episode.trajectory.seed}"
 
 
+WEBSHOP, ALFWORLD = "CRL/WebShop-v0", "CRL/ALFWorld-v0"
+WARM_SEED = 10_000_000  # the warm start's seed_offset
+
+
+def _play_env(backend, env_id, seed, steps, **kwargs):
+    return play_oracle_episode(env_id, seed, tokenizer=backend.tokenizer,
+                               max_context=backend.max_context, max_new_tokens=256, history=None,
+                               env_kwargs={"max_episode_steps": steps}, **kwargs)
+
+
+def _oracle_actions(env_id, seed, steps):
+    """The oracle's own moves on the bare env: what the targets must clone."""
+    import gymnasium as gym
+
+    from crl_envs.oracles import make_oracle
+
+    env = gym.make(env_id, max_episode_steps=steps)
+    try:
+        obs, info = env.reset(seed=seed)
+        oracle = make_oracle(env_id, env)
+        oracle.reset(obs, info)
+        actions, done = [], False
+        while not done:
+            actions.append(oracle.act(obs, info))
+            obs, _, terminated, truncated, info = env.step(actions[-1])
+            done = terminated or truncated
+        return actions
+    finally:
+        env.close()
+
+
+def test_webshop_targets_are_the_oracles_moves_with_reasons_from_the_page(backend):
+    import re
+
+    for seed in (WARM_SEED, WARM_SEED + 3):
+        traj = _play_env(backend, WEBSHOP, seed, 10)
+        assert traj.won and [t.action for t in traj.turns] == _oracle_actions(WEBSHOP, seed, 10)
+        for turn in traj.turns:
+            parsed = parse_answer(turn.text)
+            assert parsed.format_ok and parsed.action == turn.action
+            think, page = parsed.think, turn.observation
+            # no product is named before a page shows it: every ASIN and quoted title is on it
+            for asin in re.findall(r"\bb0[a-z0-9]{8}\b", think.lower()):
+                assert asin in page.lower()
+            for title in re.findall(r'"(.+?)(?: \.\.\.)?"', think):
+                assert title in page
+            if turn.action.startswith("search["):
+                assert think.startswith("The instruction asks for ")
+                assert think.split("asks for ")[1].split(";")[0] in page
+            elif turn.action == "click[buy now]":
+                assert "options the instruction names are selected" in think
+
+
+def test_webshop_noisy_episode_leaves_another_product_and_still_wins(backend):
+    traj = _play_env(backend, WEBSHOP, 3, 15, noise=0.3, rng=random.Random(3))
+    thinks = [parse_answer(t.text).think for t in traj.turns]
+    assert traj.won and any(think.startswith("I try click[b") for think in thinks)
+    assert "click[< prev]" in [t.action for t in traj.turns]  # the oracle went back
+    assert not any("search[<query>]" in t.action for t in traj.turns)  # a form, not a move
+
+
+def test_alfworld_targets_are_the_experts_moves_with_reasons_from_what_was_seen(backend):
+    import re
+
+    seed = 0
+    traj = _play_env(backend, ALFWORLD, seed, 20)
+    assert traj.won and [t.action for t in traj.turns] == _oracle_actions(ALFWORLD, seed, 20)
+    seen: list[str] = []
+    for turn in traj.turns:
+        parsed = parse_answer(turn.text)
+        assert parsed.format_ok and parsed.action == turn.action
+        seen.append(turn.observation)
+        think = parsed.think
+        # every object or place the reason names was in an observation so far, or is the move's
+        for thing in re.findall(r"\b([a-z]+ \d+)\b", think):
+            assert thing in turn.action or any(thing in text for text in seen), (thing, think)
+        # "I saw Y at X": one observation showed Y at X (an arrival there)
+        for thing, place in re.findall(r"saw ([a-z]+ \d+) at ([a-z]+ \d+)", think):
+            assert any(f"arrive at {place}" in text and thing in text for text in seen)
+        if turn.action.startswith("go to "):
+            place = turn.action.removeprefix("go to ")
+            if not any(f"arrive at {place}" in text for text in seen):  # not looked at yet
+                assert "saw" not in think and ("not looked" in think or "hold" in think)
+    first_take = next(t for t in traj.turns if t.action.startswith("take "))
+    assert parse_answer(first_take.text).think.startswith("I see ")
+
+
+def test_alfworld_noisy_episode_replans_and_still_wins(backend):
+    traj = _play_env(backend, ALFWORLD, 3, 20, noise=0.25, rng=random.Random(3))
+    thinks = [parse_answer(t.text).think for t in traj.turns]
+    assert traj.won and any(think.startswith("I try ") for think in thinks)
+
+
+@pytest.mark.parametrize(("env_id", "count", "steps"), [(WEBSHOP, 8, 8), (ALFWORLD, 4, 15)])
+def test_extractor_classes_fill_on_webshop_and_alfworld(backend, env_id, count, steps):
+    episodes = extractor_episodes(env_id, list(range(WARM_SEED, WARM_SEED + 4 * count)), count,
+                                  noise=0.1, rng=random.Random(0), tokenizer=backend.tokenizer,
+                                  max_context=backend.max_context, max_new_tokens=256,
+                                  history=None, env_kwargs={"max_episode_steps": steps})
+    answered = [answer_class(e) for e in episodes]
+    assert {name: answered.count(name) for name in ANSWER_CLASSES} == class_quotas(count)
+    for episode in episodes:
+        if episode.advice is not None:  # titled by the task: retrieval by the task finds it
+            assert episode.advice.title.startswith("Winning moves for: ")
+        if answer_class(episode) == "upvote":
+            assert episode.advice.title.endswith(episode.trajectory.task)
+        if answer_class(episode) == "downvote":
+            assert not episode.advice.title.endswith(episode.trajectory.task)
+
+
+def test_hardening_warm_start_refuses_swebench_with_one_clear_error(backend):
+    with pytest.raises(ValueError, match="No honest oracle reasons for CRL/SWEBenchToy-v0"):
+        play_oracle_episode("CRL/SWEBenchToy-v0", 0, tokenizer=backend.tokenizer,
+                            max_context=backend.max_context, max_new_tokens=64, history=None)
+
+
 def _config(tiny, tmp_path, *overrides):
     return load_config("cpu-demo", [f"warmstart.model=hf:{tiny}", f"actor.model=hf:{tiny}",
                                     "extractor.model=same",
@@ -312,9 +428,9 @@ def test_hardening_crl_warmstart_command_errors(tiny, tmp_path, capsys):
     assert main(["warmstart", "cpu-demo", "warmstart.noise=2"]) == 2
     assert "warmstart.noise" in capsys.readouterr().err
     assert main(["warmstart", "cpu-demo", f"warmstart.model=hf:{tiny}",
-                 f"warmstart.output_dir={tmp_path}/w", "tasks.envs=[{id: CRL/ALFWorld-v0}]",
+                 f"warmstart.output_dir={tmp_path}/w", "tasks.envs=[{id: CRL/SWEBenchToy-v0}]",
                  "warmstart.lora.top_layers=1"]) == 2
-    assert "CRL/ALFWorld-v0 has none" in capsys.readouterr().err
+    assert "CRL/SWEBenchToy-v0 has none" in capsys.readouterr().err
     assert not (tmp_path / "w" / "actor").exists()
 
 
