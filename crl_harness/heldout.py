@@ -2,9 +2,10 @@
 ``benchmarks/efficacy.py``).
 
 Holds ``evaluate_levels`` (greedy, one episode per level, several cases played as one batch with
-one model load; each case's outcomes by level, and a report of its episodes), ``paired`` (two
-cases' outcomes on their common levels as a ``PairedDifference``), ``model_hash`` and
-``default_cache``.
+one model load, each case on one env of the config's mixture; each case's outcomes by level, and
+a report of its episodes), ``env_cases`` (cases on every env of a mixture), ``paired`` (two
+cases' outcomes on their common levels as a ``PairedDifference``), ``pooled`` (several envs'
+paired differences as one), ``model_hash`` and ``default_cache``.
 
 The outcomes of a model that does not change (the warm start) are cached: the key is the hash of
 the model's files (an adapter's weights and config), the env and its kwargs, the seeds and the
@@ -17,13 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from crl_harness.eval import PairedDifference, paired_difference
 
-__all__ = ["evaluate_levels", "paired", "model_hash", "default_cache"]
+__all__ = ["evaluate_levels", "env_cases", "paired", "pooled", "model_hash", "default_cache"]
 
 _CACHE_FORMAT = 2  # bump when what a cached outcome means changes (2: the dtype in the key)
 
@@ -72,56 +72,99 @@ def paired(a: dict[int, bool], b: dict[int, bool]) -> PairedDifference:
     return paired_difference([a[s] for s in levels], [b[s] for s in levels])
 
 
-def evaluate_levels(cfg: Any, actor: str, cases: dict[str, tuple[list[int], bool]], out: Path,
-                    *, bank: Path | None = None, cache: Path | None = None,
-                    dtype: str = "auto") -> dict[str, dict[int, bool]]:
-    """Greedy episodes of ``actor`` on the env of ``cfg`` (a ``TrainConfig``; its first env and
-    kwargs), one per level, for every case (name: its seeds and whether its episodes retrieve
-    from ``bank``): each case's outcome by seed. The cases played now are one batch, and each
-    gets a report under ``out/NAME/report.json``; with ``cache`` (a folder), the outcomes of a
-    case without the bank are read from it when there, and written to it once played. ``dtype``:
-    the weights' dtype of an ``hf:`` actor (part of the cache key)."""
-    from crl_harness.eval import episode_specs, evaluate, write_report
-    from crl_harness.rollout import RolloutConfig
+def pooled(differences: list[PairedDifference]) -> PairedDifference:
+    """The paired differences of several envs as one: their pairs counted together.
 
-    entry = cfg.tasks.envs[0]
+    >>> d = PairedDifference(n=10, a_wins=3, b_wins=5, only_a=1, only_b=3)
+    >>> pooled([d, d]) == PairedDifference(n=20, a_wins=6, b_wins=10, only_a=2, only_b=6)
+    True
+    """
+    return PairedDifference(*(sum(getattr(d, f) for d in differences)
+                              for f in ("n", "a_wins", "b_wins", "only_a", "only_b")))
+
+
+def env_cases(cfg: Any, cases: dict[str, tuple[list[int], bool]]
+              ) -> dict[str, tuple[list[int], bool, int]]:
+    """``cases`` (name: seeds, whether they retrieve) on every env of ``cfg``'s mixture, as
+    ``evaluate_levels`` takes them: one env keeps the names; several get one case per env and
+    name, ``NAME/ENV`` (``ENV``: ``short_env_name``).
+
+    >>> from crl_harness.config import load_config
+    >>> sorted(env_cases(load_config("mix3"), {"held-out": ([7], False)}))
+    ['held-out/ALFWorld', 'held-out/MiniHackRoom', 'held-out/WebShop']
+    >>> env_cases(load_config("cpu-demo"), {"held-out": ([7], False)})
+    {'held-out': ([7], False, 0)}
+    """
+    from crl_harness.training.metrics import short_env_name
+
+    envs = cfg.tasks.envs
+    if len(envs) == 1:
+        return {name: (seeds, with_bank, 0) for name, (seeds, with_bank) in cases.items()}
+    return {f"{name}/{short_env_name(entry.id)}": (seeds, with_bank, index)
+            for name, (seeds, with_bank) in cases.items() for index, entry in enumerate(envs)}
+
+
+def evaluate_levels(cfg: Any, actor: str,
+                    cases: dict[str, tuple[list[int], bool] | tuple[list[int], bool, int]],
+                    out: Path, *, bank: Path | None = None, cache: Path | None = None,
+                    dtype: str = "auto") -> dict[str, dict[int, bool]]:
+    """Greedy episodes of ``actor`` on the envs of ``cfg`` (a ``TrainConfig``; each env with its
+    kwargs and reset options), one per level, for every case (name: its seeds, whether its
+    episodes retrieve from ``bank``, and the index of its env in ``cfg.tasks.envs``, 0 when left
+    out; ``env_cases`` makes a case of every env): each case's outcome by seed. The cases played
+    now are one batch, and each gets a report under ``out/NAME/report.json``; with ``cache`` (a
+    folder), the outcomes of a case without the bank are read from it when there, and written to
+    it once played. ``dtype``: the weights' dtype of an ``hf:`` actor (part of the cache key)."""
+    from crl_harness.eval import evaluate, write_report
+    from crl_harness.rollout import EpisodeSpec, RolloutConfig
+
+    env_kwargs: dict[str, dict[str, Any]] = {}
+    for entry in cfg.tasks.envs:  # the rollout engine keeps one set of kwargs per env id
+        if env_kwargs.setdefault(entry.id, dict(entry.kwargs)) != dict(entry.kwargs):
+            raise ValueError(f"tasks.envs lists {entry.id} twice with different kwargs; the "
+                             "rollout engine keeps one set of kwargs per env id.")
     rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
                             history=cfg.actor.history, experience_k=cfg.experience.k,
-                            env_kwargs={entry.id: dict(entry.kwargs)})
+                            env_kwargs=env_kwargs)
     fingerprint = model_hash(actor) if cache is not None else None
 
-    def cache_file(seeds: list[int]) -> Path | None:
+    def cache_file(seeds: list[int], entry: Any) -> Path | None:
         if fingerprint is None:
             return None
-        key = json.dumps({"format": _CACHE_FORMAT, "model": fingerprint, "env_id": entry.id,
-                          "env_kwargs": dict(entry.kwargs), "seeds": seeds,
-                          "max_new_tokens": rollout.max_new_tokens, "history": rollout.history,
-                          "dtype": dtype},
-                         sort_keys=True, default=str)
-        return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+        key = {"format": _CACHE_FORMAT, "model": fingerprint, "env_id": entry.id,
+               "env_kwargs": dict(entry.kwargs), "seeds": seeds,
+               "max_new_tokens": rollout.max_new_tokens, "history": rollout.history,
+               "dtype": dtype}
+        if entry.options:  # reset options choose the levels (a config without keeps its key)
+            key["options"] = dict(entry.options)
+        text = json.dumps(key, sort_keys=True, default=str)
+        return cache / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
     outcomes: dict[str, dict[int, bool]] = {}
     to_play = {}
-    for name, (seeds, with_bank) in cases.items():
-        path = None if with_bank else cache_file(seeds)
+    for name, (seeds, with_bank, *index) in cases.items():
+        entry = cfg.tasks.envs[index[0] if index else 0]
+        path = None if with_bank else cache_file(seeds, entry)
         if path is not None and path.exists():
             outcomes[name] = {int(s): won for s, won in json.loads(path.read_text()).items()}
         else:
-            to_play[name] = (seeds, with_bank, path)
+            to_play[name] = (seeds, with_bank, path, entry)
     if not to_play:
         return outcomes
 
     retriever = manager = None
-    if bank is not None and bank.exists() and any(b for _, b, _ in to_play.values()):
+    if bank is not None and bank.exists() and any(b for _, b, _, _ in to_play.values()):
         from crl_harness.commands.eval import _RetrieveOnly
         from crl_harness.experience import ExperienceBank, ExperienceManager
 
         manager = ExperienceManager(ExperienceBank(bank, read_only=True))
         retriever = _RetrieveOnly(manager)
     specs, case_of = [], []  # an episode's group id is its place here, so cases never mix
-    for name, (seeds, with_bank, _) in to_play.items():
-        for spec in episode_specs([entry.id], seeds, with_bank and retriever is not None):
-            specs.append(replace(spec, group_id=len(specs)))
+    for name, (seeds, with_bank, _, entry) in to_play.items():
+        for seed in seeds:
+            specs.append(EpisodeSpec(entry.id, seed, group_id=len(specs),
+                                     use_experience=with_bank and retriever is not None,
+                                     options=dict(entry.options) or None))
             case_of.append(name)
     try:
         backend = None
@@ -134,7 +177,7 @@ def evaluate_levels(cfg: Any, actor: str, cases: dict[str, tuple[list[int], bool
     finally:
         if manager is not None:
             manager.close()
-    for name, (seeds, _, path) in to_play.items():
+    for name, (seeds, _, path, _) in to_play.items():
         played = sorted((t for t in trajectories if case_of[t.group_id] == name),
                         key=lambda t: t.group_id)
         write_report(out / name / "report.json", played, meta={"agent": actor, "seeds": seeds})

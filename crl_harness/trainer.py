@@ -68,17 +68,13 @@ from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Traje
 from crl_harness.training.checkpoint import Checkpointer, rng_state, set_rng_state
 from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats
-from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
+from crl_harness.training.metrics import MetricsLogger, plot_learning_curve, short_env_name
 from crl_harness.training.packing import pack_turns
 from crl_harness.training.run_directory import ResumeError, RunDirectory, RunDirectoryError
 from crl_harness.training.sampler import TaskSampler
 from crl_harness.training.vllm_sync import SyncedVLLM
 
 __all__ = ["Trainer", "ResumeError", "RunDirectoryError", "make_trainer"]
-
-def _short(env_id: str) -> str:
-    return env_id.split("/")[-1].removesuffix("-v0")
-
 
 def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else float("nan")
@@ -96,6 +92,25 @@ def _guided_free_pairs(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     d = paired_difference([f for _, f in pairs], [g for g, _ in pairs])
     return {"pairs/guided_free": d.n, "pairs/free_wins": d.a_wins, "pairs/guided_wins": d.b_wins,
             "pairs/free_only": d.only_a, "pairs/guided_only": d.only_b}
+
+
+def _env_metrics(trajectories: Sequence[Trajectory], uses_experience: bool) -> dict[str, float]:
+    """Per env of the mixture (``short_env_name``): ``success/ENV``, ``format_failure_rate/ENV``
+    (malformed replies over turns, as ``rollout/format_failure_rate``) and, in the arms that use
+    experience, ``success/ENV/guided`` and ``success/ENV/free``."""
+    by_env: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_env[short_env_name(t.env_id)].append(t)
+    m: dict[str, float] = {}
+    for env, part in by_env.items():
+        m[f"success/{env}"] = _mean([float(t.won) for t in part])
+        m[f"format_failure_rate/{env}"] = (sum(t.format_failures for t in part)
+                                           / max(sum(t.steps for t in part), 1))
+        if uses_experience:
+            for name, flag in (("guided", True), ("free", False)):
+                m[f"success/{env}/{name}"] = _mean([float(t.won) for t in part
+                                                    if t.use_experience == flag])
+    return m
 
 
 def _gate_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -442,11 +457,7 @@ class Trainer:
                 m[f"episodes/{name}"] = len(part)
                 m[f"reward/{name}"] = _mean([t.reward for t in part])
             m.update(_guided_free_pairs(trajectories))
-        by_env: dict[str, list[float]] = defaultdict(list)
-        for t in trajectories:
-            by_env[_short(t.env_id)].append(float(t.won))
-        for env, values in by_env.items():
-            m[f"success/{env}"] = _mean(values)
+        m.update(_env_metrics(trajectories, cfg.uses_experience))
         turns = sum(t.steps for t in trajectories)
         m["rollout/format_failure_rate"] = sum(t.format_failures for t in trajectories) / max(turns, 1)
         m["rollout/generated_tokens"] = sum(t.generated_tokens for t in trajectories)

@@ -1,17 +1,22 @@
 """``crl demo``: the main job on the embedded default, into a fresh ``runs/demo-TIMESTAMP``.
 
+``--config NAME`` (default ``cpu-demo``; a YAML path or a name under ``assets/configs``, e.g.
+``mix3-cpu``) picks the training config of steps 2-4; a mixture is evaluated on each of its envs.
+
 1. Plays every registered env that this machine can run with its scripted oracle (``crl eval
    --agent scripted``, into ``OUT/scripted``) and prints the results table; an env whose data or
    Docker daemon is missing is listed as skipped with the reason.
 2. Evaluates the warm-started actor (``assets/warmstart/cpu-demo``, or ``crl warmstart cpu-demo``
-   when absent) greedily on ``--eval-levels`` held-out levels and on the training levels of the
-   ``cpu-demo`` task, one episode a level (cached: free the second time).
+   when absent; ``warmstart.output_dir`` and ``crl warmstart NAME`` of another config) greedily on
+   ``--eval-levels`` held-out levels and on the training levels of each env of the config, one
+   episode a level (cached: free the second time).
 3. Trains SmolLM2-135M, actor and extractor, with Complementary RL (``crl train cpu-demo`` into
-   ``OUT/cpu-demo``).
+   ``OUT/cpu-demo``; ``OUT/NAME`` for another config).
 4. Evaluates the checkpoint that this training returned on the same levels (the training levels
    with the bank it grew), and prints before and after, each rate with its 95% interval, their
-   paired difference with its 95% interval and McNemar's exact p, the bank's size, the updates
-   and the learning curve. Every level's outcome is in ``OUT/levels.json``.
+   paired difference with its 95% interval and McNemar's exact p (a mixture: a line per env and
+   level set, and the pooled pairs), the bank's size, the updates and the learning curve. Every
+   level's outcome is in ``OUT/levels.json``.
 
 ``--no-train`` stops after step 1.
 """
@@ -36,7 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="a new output folder (default runs/demo-TIMESTAMP)")
     parser.add_argument("--no-train", action="store_true",
-                        help="only the scripted table: skip cpu-demo training and its evaluation")
+                        help="only the scripted table: skip the training and its evaluation")
+    parser.add_argument("--config", default="cpu-demo",
+                        help="the training config, a YAML path or a name under assets/configs "
+                             "(default cpu-demo; e.g. mix3-cpu: each env evaluated apart)")
     parser.add_argument("--eval-levels", type=int, default=96,
                         help="held-out levels of the before/after evaluation, one greedy episode "
                              "each (default 96: about 80%% power for +15 points, paired by level)")
@@ -77,14 +85,17 @@ def bf16_fallback() -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from crl_harness.commands import eval as eval_command
     from crl_harness.commands.checks import check_range, output_dir
-    from crl_harness.config import HELDOUT_RESERVED, load_config
+    from crl_harness.config import HELDOUT_RESERVED, ConfigError, load_config
     from crl_harness.eval import MAX_EPISODES, expand_env_ids
     from crl_harness.training.run_directory import occupied
 
     check_range("--episodes", args.episodes, 1, MAX_EPISODES)
     check_range("--eval-levels", args.eval_levels, 1, HELDOUT_RESERVED)
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    cfg = load_config("cpu-demo", [f"run.output_dir={out / 'cpu-demo'}", *bf16_fallback()])
+    try:  # OUT/NAME: the config's own name (run.output_dir's default is runs/${name})
+        cfg = load_config(args.config, [f"run.output_dir={out}/${{name}}", *bf16_fallback()])
+    except ConfigError as err:
+        raise UserFacingError(f"--config: {err}") from err
     if not args.no_train and occupied(cfg.run.output_dir):
         raise UserFacingError(f"--out {out} holds an earlier demo's run; give a new --out (by "
                               "default each demo writes a fresh runs/demo-TIMESTAMP).")
@@ -109,25 +120,27 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     differences and writes every level's outcome to ``out/levels.json``. Returns that
     checkpoint."""
     from crl_harness.commands import train as train_command
-    from crl_harness.heldout import default_cache, evaluate_levels, paired
+    from crl_harness.heldout import default_cache, env_cases, evaluate_levels, paired
     from crl_harness.models.registry import resolve_model_path
     from crl_harness.warmstart import run_warmstart
 
     run_dir = Path(cfg.run.output_dir)
     if not Path(resolve_model_path(cfg.starting_model().removeprefix("hf:"))).exists():
-        print("\nWarm start (crl warmstart cpu-demo) ...")
+        print(f"\nWarm start (crl warmstart {cfg.name}) ...")
         run_warmstart(cfg)
     # Both evaluations in the weights training samples with, before and after alike, so the
     # paired difference is fair.
     dtype = cfg.actor.dtype
     t = cfg.tasks
     heldout = list(range(t.heldout_offset, t.heldout_offset + levels))
-    training = list(range(t.seed_offset, t.seed_offset + min(t.seed_count, levels)))
+    training = list(t.training_seeds()[:levels])
+    envs = "" if len(t.envs) == 1 else f" of each of its {len(t.envs)} envs"
     print(f"\nEvaluating the warm-started actor ({cfg.starting_model()}) on {len(heldout)} held-out "
-          f"and {len(training)} training levels, greedy, weights in {dtype} (cached after the "
-          "first time) ...")
+          f"and {len(training)} training levels{envs}, greedy, weights in {dtype} (cached after "
+          "the first time) ...")
     before = evaluate_levels(cfg, cfg.starting_model(),
-                             {"held-out": (heldout, False), "training": (training, False)},
+                             env_cases(cfg, {"held-out": (heldout, False),
+                                             "training": (training, False)}),
                              out / "eval-before", cache=cache or default_cache(), dtype=dtype)
 
     print(f"\nTraining with Complementary RL ({cfg.name}) into {run_dir} ...")
@@ -137,16 +150,35 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     # Held-out levels alone, as before training (the bank holds lessons of the training levels
     # only); the training levels with the bank, the method's own setting.
     after = evaluate_levels(cfg, f"hf:{actor}",
-                            {"held-out": (heldout, False), "training": (training, True)},
+                            env_cases(cfg, {"held-out": (heldout, False),
+                                            "training": (training, True)}),
                             out / "eval-after", bank=run_dir / "bank.sqlite", dtype=dtype)
     differences = {name: paired(before[name], after[name]) for name in before}
-    (out / "levels.json").write_text(json.dumps({
+    levels_json = {
         "actor_before": cfg.starting_model(), "actor_after": str(actor),
         "levels": {name: {"before": before[name], "after": after[name],
                           "paired": differences[name].to_dict()} for name in before},
-    }, indent=2))
-    _print_summary(cfg, run_dir, differences)
+    }
+    pooled_differences = _pooled(cfg, differences)
+    if pooled_differences:  # a mixture: every env's pairs of a level set counted together
+        levels_json["pooled"] = {name: d.to_dict() for name, d in pooled_differences.items()}
+    (out / "levels.json").write_text(json.dumps(levels_json, indent=2))
+    _print_summary(cfg, run_dir, differences | {f"{name}, pooled": d
+                                               for name, d in pooled_differences.items()})
     return checkpoint
+
+
+def _pooled(cfg: Any, differences: dict[str, Any]) -> dict[str, Any]:
+    """For a mixture, each level set's paired differences (``NAME/ENV``) pooled over the envs
+    (``heldout.pooled``); nothing for one env."""
+    from crl_harness.heldout import pooled
+
+    if len(cfg.tasks.envs) == 1:
+        return {}
+    sets: dict[str, list[Any]] = {}
+    for name, d in differences.items():
+        sets.setdefault(name.split("/")[0], []).append(d)
+    return {name: pooled(ds) for name, ds in sets.items()}
 
 
 def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any]) -> None:
@@ -157,13 +189,16 @@ def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any]) -> None
 
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                if line.strip()]
-    table = Table(title=f"crl demo: {cfg.tasks.envs[0].id} {dict(cfg.tasks.envs[0].kwargs)}, "
-                        "greedy, one episode a level; success [95% Wilson interval]")
+    envs = cfg.tasks.envs
+    what = f"{envs[0].id} {dict(envs[0].kwargs)}" if len(envs) == 1 else \
+        f"{cfg.name} ({', '.join(e.id for e in envs)})"
+    table = Table(title=f"crl demo: {what}, greedy, one episode a level; success [95% Wilson "
+                        "interval]")
     for column in ("levels", "warm start", "after training", "after - before, paired [95% CI]"):
         table.add_column(column)
-    labels = {"held-out": "held-out", "training": "training (after: with its bank)"}
-    for name, d in differences.items():
-        table.add_row(labels.get(name, name), format_rate(d.a_wins, d.n),
+    for name, d in differences.items():  # held-out, training; a mixture: NAME/ENV, NAME, pooled
+        label = f"{name} (after: with its bank)" if name.startswith("training") else name
+        table.add_row(label, format_rate(d.a_wins, d.n),
                       format_rate(d.b_wins, d.n), format_paired(d, "before", "after"))
     console = Console()
     console.print(table)
@@ -175,5 +210,12 @@ def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any]) -> None
         f"{int(last.get('extractor/updates', 0))} (non-zero advantages: "
         f"{int(last.get('extractor/nonzero_advantages', 0))}); training success per step: "
         f"{curve}")
+    if len(envs) > 1:  # a step draws its groups' envs by weight: an env it missed is "-"
+        from crl_harness.training.metrics import short_env_name
+
+        names = dict.fromkeys(short_env_name(e.id) for e in envs)
+        console.print("training success per step and env: " + "; ".join(
+            f"{env} " + ", ".join(f"{m[f'success/{env}']:.2f}" if f"success/{env}" in m else "-"
+                                  for m in metrics) for env in names))
     console.print(f"learning curve: {run_dir / 'learning_curve.png'}; metrics: "
                   f"{run_dir / 'metrics.jsonl'}")

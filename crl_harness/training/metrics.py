@@ -1,9 +1,10 @@
 """Per-step metrics: one JSON line per step (``metrics.jsonl``), TensorBoard scalars, and a
 learning-curve PNG drawn from the JSONL.
 
-Holds ``MetricsLogger`` and ``plot_learning_curve``. Each line is flushed and fsynced when the
-step ends, so a killed run loses nothing it logged; a resumed run first drops the lines of steps
-after its checkpoint, which the resumed run will log again.
+Holds ``MetricsLogger``, ``read_metrics``, ``short_env_name`` (an env's name in metric keys),
+``env_names``, ``curve_panels`` and ``plot_learning_curve``. Each line is flushed and fsynced
+when the step ends, so a killed run loses nothing it logged; a resumed run first drops the lines
+of steps after its checkpoint, which the resumed run will log again.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["MetricsLogger", "read_metrics", "plot_learning_curve"]
+__all__ = ["MetricsLogger", "read_metrics", "short_env_name", "env_names", "curve_panels",
+           "plot_learning_curve"]
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -80,24 +82,76 @@ class MetricsLogger:
             self._writer.close()
 
 
+def short_env_name(env_id: str) -> str:
+    """An env's name in metric keys (``success/ENV``) and in ``crl demo``'s tables.
+
+    >>> short_env_name("CRL/MiniHackRoom-v0")
+    'MiniHackRoom'
+    """
+    return env_id.split("/")[-1].removesuffix("-v0")
+
+
+_POOLED_SUCCESS = {"success/all", "success/guided", "success/free"}
+
+
+def env_names(records: list[dict]) -> list[str]:
+    """The envs whose success the records log (``success/ENV``, the trainer's short names).
+
+    >>> env_names([{"step": 1, "success/all": 0.5, "success/Sokoban": 0.5,
+    ...             "success/Sokoban/guided": 1.0, "success/WebShop": 0.5}])
+    ['Sokoban', 'WebShop']
+    """
+    return sorted({k.split("/")[1] for r in records for k in r if _env_success(k)})
+
+
+def _env_success(key: str) -> bool:
+    """Whether ``key`` is one env's success rate (``success/ENV``)."""
+    return key.startswith("success/") and key.count("/") == 1 and key not in _POOLED_SUCCESS
+
+
+def curve_panels(records: list[dict]) -> list[tuple[str, list[str]]]:
+    """The panels of the learning curve, each a label and the keys it draws a line for: a run
+    of one env draws its env's success beside the pooled rates; a mixture draws one line per env
+    in panels of their own, success and the format failure rate (replies that break the answer
+    format over turns).
+
+    >>> one = [{"step": 1, "success/all": 1.0, "success/Sokoban": 1.0, "success/Sokoban/free": 1.0}]
+    >>> curve_panels(one)[0]
+    ('success rate', ['success/Sokoban', 'success/all'])
+    >>> two = [{"step": 1, "success/all": 0.5, "success/Sokoban": 1.0, "success/WebShop": 0.0,
+    ...         "format_failure_rate/Sokoban": 0.0, "format_failure_rate/WebShop": 0.5}]
+    >>> [label for label, _ in curve_panels(two)][:3]
+    ['success rate', 'success rate per env', 'format failure rate per env']
+    >>> curve_panels(two)[1][1]
+    ['success/Sokoban', 'success/WebShop']
+    """
+    envs = env_names(records)
+    wanted = [
+        ("success rate", lambda k: k in _POOLED_SUCCESS or (len(envs) == 1 and _env_success(k))),
+        ("mean episode reward", lambda k: k.startswith("reward/")),
+        ("loss", lambda k: k.startswith("loss/")),
+        ("bank size", lambda k: k == "bank/size"),
+    ]
+    if len(envs) > 1:  # a mixture: a line per env, apart from the pooled rates
+        wanted[1:1] = [("success rate per env", _env_success),
+                       ("format failure rate per env",
+                        lambda k: k.startswith("format_failure_rate/"))]
+    return [(label, sorted({k for r in records for k in r if test(k)})) for label, test in wanted]
+
+
 def plot_learning_curve(metrics_path: str | os.PathLike, png_path: str | os.PathLike,
                         title: str = "") -> Path:
-    """Success (all, guided, free, per env), reward and losses against the step, as one PNG."""
+    """Success (all, guided, free, per env), reward and losses against the step, as one PNG
+    (``curve_panels``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     records = read_metrics(metrics_path)
-    panels = [
-        ("success rate", lambda k: k.startswith("success/")),
-        ("mean episode reward", lambda k: k.startswith("reward/")),
-        ("loss", lambda k: k.startswith("loss/")),
-        ("bank size", lambda k: k == "bank/size"),
-    ]
+    panels = curve_panels(records)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
-    for ax, (label, wanted) in zip(axes, panels, strict=True):
-        keys = sorted({k for r in records for k in r if wanted(k)})
+    for ax, (label, keys) in zip(axes, panels, strict=True):
         for key in keys:
             points = [(r["step"], r[key]) for r in records if key in r and math.isfinite(r[key])]
             if points:
