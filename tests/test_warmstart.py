@@ -411,6 +411,8 @@ def test_hardening_warmstart_bad_configs(tiny, tmp_path):
         run_warmstart(_config(tiny, tmp_path, "tasks.envs=[{id: CRL/SWEBenchToy-v0}]"))
     with pytest.raises(WarmStartError, match="raise actor.max_new_tokens"):
         run_warmstart(_config(tiny, tmp_path, "actor.max_new_tokens=8"))  # targets would be cut
+    with pytest.raises(WarmStartError, match="extractor reply is .* raise extractor.max_new_tokens"):
+        run_warmstart(_config(tiny, tmp_path, "extractor.max_new_tokens=8"), log=lambda _: None)
     for override, match in (("warmstart.noise=1.5", "warmstart.noise"),
                             ("warmstart.episodes=0", "warmstart.episodes"),
                             ("warmstart.extractor_epochs=0", "warmstart.extractor_epochs"),

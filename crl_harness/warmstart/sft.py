@@ -96,6 +96,16 @@ ADAPTER_FILES = frozenset({"adapter_config.json", "adapter_model.safetensors", "
 """what ``save_adapter`` writes into an adapter folder (peft's layout)"""
 
 
+def check_reply_lengths(turns: list[Turn], max_new_tokens: int, role: str) -> None:
+    """Refuse targets longer than ``ROLE.max_new_tokens``: the model would be taught replies that
+    generation cuts off, every one a format failure."""
+    longest = max((len(t.token_ids) for t in turns), default=0)
+    if longest > max_new_tokens:
+        raise WarmStartError(f"a warm-start {role} reply is {longest} tokens but "
+                             f"{role}.max_new_tokens is {max_new_tokens}; raise "
+                             f"{role}.max_new_tokens to at least {longest}")
+
+
 def check_replaceable(path: Path) -> None:
     """Raise ``WarmStartError`` unless writing ``path`` loses nothing: it does not exist, or is
     what a warm start wrote there (an adapter folder of ``ADAPTER_FILES`` only, an empty folder,
@@ -239,12 +249,8 @@ def _warm_actor(cfg: TrainConfig, out: Path, rng: random.Random,
             tokenizer=tokenizer, max_context=actor_backend.max_context,
             max_new_tokens=cfg.actor.max_new_tokens, history=cfg.actor.history,
             env_kwargs=entry.kwargs, options=entry.options or None)
-    longest = max((len(t.token_ids) for e in episodes for t in e.trajectory.turns), default=0)
-    if longest > cfg.actor.max_new_tokens:
-        # The actor would be taught replies that generation cuts off: every one a format failure.
-        raise WarmStartError(f"a warm-start reply is {longest} tokens but actor.max_new_tokens is "
-                             f"{cfg.actor.max_new_tokens}; raise actor.max_new_tokens to at least "
-                             f"{longest}")
+    check_reply_lengths([t for e in episodes for t in e.trajectory.turns],
+                        cfg.actor.max_new_tokens, "actor")
     rows = [row for e in episodes for row in sample_rows(e.trajectory.turns)]
     if not rows:
         raise WarmStartError("the oracle episodes gave no samples (every episode ended at reset); "
@@ -301,6 +307,7 @@ def _warm_extractor(cfg: TrainConfig, out: Path, rng: random.Random,
     samples = [extractor_sample(e, tokenizer=backend.tokenizer, max_ops=ParseLimits().max_ops,
                                 max_transcript_chars=cfg.experience.max_transcript_chars)
                for e in episodes]
+    check_reply_lengths(samples, cfg.extractor.max_new_tokens, "extractor")
     counts = {name: sum(answer_class(e) == name for e in episodes) for name in class_quotas(0)}
     rows = [row for s in samples for row in sample_rows([s])]
     data_time = time.perf_counter() - t0
