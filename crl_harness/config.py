@@ -331,6 +331,9 @@ class WarmStartConfig:
     batch_size: int = 8
     """samples per optimiser step"""
     lr: float = 1.0e-3
+    dtype: str = _choice("float32", "bfloat16", "auto")
+    """the base model's weights while the adapters (fp32, with their AdamW state) are fitted:
+    bfloat16 halves the fit's time on a CPU with AVX512-BF16 (the dtype the RL configs sample in)"""
     lora: LoRAConfig = field(default_factory=lambda: LoRAConfig(
         enabled=True, r=16, alpha=32,
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))

@@ -104,17 +104,31 @@ def env_cases(cfg: Any, cases: dict[str, tuple[list[int], bool]]
             for name, (seeds, with_bank) in cases.items() for index, entry in enumerate(envs)}
 
 
+def cache_file(cache: Path, fingerprint: str, entry: Any, seeds: list[int], rollout: Any,
+               dtype: str) -> Path:
+    """Where the outcomes of a model (``fingerprint``, ``model_hash``) on ``seeds`` of the env
+    ``entry`` (a ``tasks.envs`` entry) are cached under ``cache``, for those generation settings."""
+    key = {"format": _CACHE_FORMAT, "model": fingerprint, "env_id": entry.id,
+           "env_kwargs": dict(entry.kwargs), "seeds": seeds,
+           "max_new_tokens": rollout.max_new_tokens, "history": rollout.history, "dtype": dtype}
+    if entry.options:  # reset options choose the levels (a config without keeps its key)
+        key["options"] = dict(entry.options)
+    text = json.dumps(key, sort_keys=True, default=str)
+    return cache / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+
+
 def evaluate_levels(cfg: Any, actor: str,
                     cases: dict[str, tuple[list[int], bool] | tuple[list[int], bool, int]],
                     out: Path, *, bank: Path | None = None, cache: Path | None = None,
-                    dtype: str = "auto") -> dict[str, dict[int, bool]]:
+                    dtype: str = "auto", refresh: bool = False) -> dict[str, dict[int, bool]]:
     """Greedy episodes of ``actor`` on the envs of ``cfg`` (a ``TrainConfig``; each env with its
     kwargs and reset options), one per level, for every case (name: its seeds, whether its
     episodes retrieve from ``bank``, and the index of its env in ``cfg.tasks.envs``, 0 when left
     out; ``env_cases`` makes a case of every env): each case's outcome by seed. The cases played
     now are one batch, and each gets a report under ``out/NAME/report.json``; with ``cache`` (a
     folder), the outcomes of a case without the bank are read from it when there, and written to
-    it once played. ``dtype``: the weights' dtype of an ``hf:`` actor (part of the cache key)."""
+    it once played (``refresh``: played even when cached, and the cache rewritten). ``dtype``:
+    the weights' dtype of an ``hf:`` actor (part of the cache key)."""
     from crl_harness.eval import evaluate, write_report
     from crl_harness.rollout import EpisodeSpec, RolloutConfig
 
@@ -128,24 +142,13 @@ def evaluate_levels(cfg: Any, actor: str,
                             env_kwargs=env_kwargs)
     fingerprint = model_hash(actor) if cache is not None else None
 
-    def cache_file(seeds: list[int], entry: Any) -> Path | None:
-        if fingerprint is None:
-            return None
-        key = {"format": _CACHE_FORMAT, "model": fingerprint, "env_id": entry.id,
-               "env_kwargs": dict(entry.kwargs), "seeds": seeds,
-               "max_new_tokens": rollout.max_new_tokens, "history": rollout.history,
-               "dtype": dtype}
-        if entry.options:  # reset options choose the levels (a config without keeps its key)
-            key["options"] = dict(entry.options)
-        text = json.dumps(key, sort_keys=True, default=str)
-        return cache / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
-
     outcomes: dict[str, dict[int, bool]] = {}
     to_play = {}
     for name, (seeds, with_bank, *index) in cases.items():
         entry = cfg.tasks.envs[index[0] if index else 0]
-        path = None if with_bank else cache_file(seeds, entry)
-        if path is not None and path.exists():
+        path = None if with_bank or fingerprint is None or cache is None else \
+            cache_file(cache, fingerprint, entry, seeds, rollout, dtype)
+        if path is not None and path.exists() and not refresh:
             outcomes[name] = {int(s): won for s, won in json.loads(path.read_text()).items()}
         else:
             to_play[name] = (seeds, with_bank, path, entry)
@@ -171,7 +174,7 @@ def evaluate_levels(cfg: Any, actor: str,
         if actor.startswith("hf:"):
             from crl_harness.models import load_backend
 
-            backend = load_backend(actor, dtype=dtype)
+            backend = load_backend(actor, dtype=dtype, kv_cache_tokens=cfg.actor.kv_cache_tokens)
         trajectories = evaluate(actor, specs, backend=backend, retriever=retriever,
                                 rollout=rollout)
     finally:

@@ -10,20 +10,31 @@ import pytest
 
 EFFICACY = Path(__file__).resolve().parents[1] / "benchmarks" / "efficacy.py"
 PILOT = Path(__file__).resolve().parents[1] / "benchmarks" / "pilot_curve.py"
+WARM = Path(__file__).resolve().parents[1] / "benchmarks" / "warmstart_heldout.py"
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--jobs", "0"], "--jobs must be in 1..16"),
-    (["--jobs", "17"], "--jobs must be in 1..16"),
-    (["--repeats", "0"], "--repeats must be in 1..20"),
-    (["--steps", "0"], "--steps in 1..10000"),
-    (["--arms", "grpo"], "invalid choice"),
-    (["--eval-levels", "0"], "--eval-levels must be in 1..10000"),
-    (["--eval-levels", "10001"], "--eval-levels must be in 1..10000"),
-    (["--set", "actor.no_such_key=1"], "no_such_key"),
+@pytest.mark.parametrize(("script", "flags", "message"), [
+    (EFFICACY, ["--jobs", "0"], "--jobs must be in 1..16"),
+    (EFFICACY, ["--jobs", "17"], "--jobs must be in 1..16"),
+    (EFFICACY, ["--repeats", "0"], "--repeats must be in 1..20"),
+    (EFFICACY, ["--steps", "0"], "--steps in 1..10000"),
+    (EFFICACY, ["--arms", "grpo"], "invalid choice"),
+    (EFFICACY, ["--eval-levels", "0"], "--eval-levels must be in 1..10000"),
+    (EFFICACY, ["--eval-levels", "10001"], "--eval-levels must be in 1..10000"),
+    (EFFICACY, ["--set", "actor.no_such_key=1"], "no_such_key"),
+    (PILOT, ["--steps", "0"], "--steps must be in 1..1000"),
+    (PILOT, ["--levels", "0"], "--levels in 1..10000"),
+    (PILOT, ["--steps", "4", "--eval-at", "5"], "every --eval-at step must be in 1..--steps (4)"),
+    (PILOT, ["--eval-at", "0"], "every --eval-at step must be in 1..--steps"),
+    (PILOT, ["--arm", "grpo"], "invalid choice"),
+    (PILOT, ["--set", "actor.no_such_key=1"], "no_such_key"),
+    (WARM, ["--levels", "0"], "--levels must be in 1..10000"),
+    (WARM, ["--levels", "10001"], "--levels must be in 1..10000"),
+    (WARM, ["--config", "no-such-config"], "no-such-config"),
 ])
-def test_hardening_efficacy_flags_out_of_range_stop_with_usage(tmp_path, flags, message):
-    done = subprocess.run([sys.executable, str(EFFICACY), "--out", str(tmp_path / "out"), *flags],
+def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, script, flags,
+                                                                 message):
+    done = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), *flags],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert message in done.stderr
@@ -60,19 +71,3 @@ def test_hardening_efficacy_empty_arms_a_file_as_out_and_a_negative_seed_are_usa
         err = capsys.readouterr().err
         assert stopped.value.code == 2 and message in err and "Traceback" not in err, flags
     assert a_file.read_text() == "kept\n" and not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--steps", "0"], "--steps must be in 1..1000"),
-    (["--levels", "0"], "--levels in 1..10000"),
-    (["--steps", "4", "--eval-at", "5"], "every --eval-at step must be in 1..--steps (4)"),
-    (["--eval-at", "0"], "every --eval-at step must be in 1..--steps"),
-    (["--arm", "grpo"], "invalid choice"),
-    (["--set", "actor.no_such_key=1"], "no_such_key"),
-])
-def test_hardening_pilot_curve_flags_stop_with_usage_before_training(tmp_path, flags, message):
-    done = subprocess.run([sys.executable, str(PILOT), "--out", str(tmp_path / "out"), *flags],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert message in done.stderr
-    assert not (tmp_path / "out").exists()

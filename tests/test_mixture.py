@@ -220,6 +220,10 @@ def test_evaluate_levels_plays_every_env_of_a_mixture_in_one_batch_and_caches_ea
     assert len(list((tmp_path / "cache").glob("*.json"))) == 2  # a key per env
     again = evaluate_levels(cfg, f"hf:{tiny}", cases, tmp_path / "out", cache=tmp_path / "cache")
     assert again == first and len(plays) == 1  # cached: nothing played
+    evaluate_levels(cfg, f"hf:{tiny}", cases, tmp_path / "out", cache=tmp_path / "cache",
+                    refresh=True)
+    assert len(plays) == 2  # refresh: played again (and the cache rewritten)
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2
 
 
 def test_demo_of_a_mixture_warm_starts_and_prints_each_env_and_the_pooled_pairs(
@@ -234,7 +238,7 @@ def test_demo_of_a_mixture_warm_starts_and_prints_each_env_and_the_pooled_pairs(
         "run.steps=1", "run.tensorboard=false", "run.torch_threads=1", "tasks.groups_per_step=2",
         "tasks.group_size=2", "tasks.guided_per_group=1", "warmstart.episodes=1",
         "warmstart.extractor_samples=1", "warmstart.epochs=1", "warmstart.lora.top_layers=1",
-        "warmstart.lora.r=4", "actor.max_new_tokens=64", "extractor.max_new_tokens=8",
+        "warmstart.lora.r=4", "actor.max_new_tokens=64", "extractor.max_new_tokens=192",
         "extractor.train_after=1", "actor.dtype=float32", "extractor.dtype=float32"])
     train_and_evaluate(cfg, 2, tmp_path / "demo", cache=tmp_path / "cache")
     out = capsys.readouterr().out

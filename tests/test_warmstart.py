@@ -4,9 +4,11 @@ LoRA fitting, atomic adapters that ``hf:`` loads, and its errors."""
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
+import torch
 
 from crl_harness.config import ConfigError, load_config
 from crl_harness.experience.operations import Vote, parse_distillation
@@ -315,7 +317,8 @@ def _config(tiny, tmp_path, *overrides):
                                     "warmstart.batch_size=2", "warmstart.lora.r=4",
                                     "warmstart.lora.top_layers=1",
                                     # the tiny tokenizer spells a reply in up to ~100 tokens
-                                    "actor.max_new_tokens=128", *overrides])
+                                    "actor.max_new_tokens=128", "extractor.max_new_tokens=192",
+                                    *overrides])
 
 
 def test_warmstart_writes_adapters_that_load_and_lower_the_loss(tiny, tmp_path):
@@ -336,6 +339,33 @@ def test_warmstart_writes_adapters_that_load_and_lower_the_loss(tiny, tmp_path):
     assert all(p.requires_grad for p in warm.model.parameters())  # trainable, as a plain model
     assert (out / "extractor" / "adapter_model.safetensors").exists()
     assert not list(out.glob(".*"))  # no staging directory left behind
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "actor").stat().st_mode & 0o777 == 0o777 & ~umask  # readable as a checkout is
+    assert (out / "actor" / "adapter_model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_warmstart_on_a_bf16_base_fits_fp32_adapters_and_lowers_the_loss(tiny, tmp_path,
+                                                                          monkeypatch):
+    from crl_harness.warmstart import sft
+
+    loaded = []
+    real_load = sft.load_backend
+
+    def spy(spec, **kwargs):
+        backend = real_load(spec, **kwargs)
+        loaded.append(backend.model)
+        return backend
+
+    monkeypatch.setattr(sft, "load_backend", spy)
+    metrics = run_warmstart(_config(tiny, tmp_path, "warmstart.epochs=3",
+                                    "warmstart.dtype=bfloat16"), log=lambda _: None)
+    assert metrics["actor_loss_last"] < metrics["actor_loss_first"]
+    for model in loaded:  # actor and extractor: the base in bf16, the adapters trained in fp32
+        dtypes = {(p.requires_grad, p.dtype) for p in model.parameters()}
+        assert (True, torch.float32) in dtypes and (False, torch.bfloat16) in dtypes
+        assert (True, torch.bfloat16) not in dtypes
+    assert (tmp_path / "run" / "warmstart" / "actor" / "adapter_model.safetensors").exists()
 
 
 def test_warmstart_only_extractor_keeps_the_actor_and_its_record(tiny, tmp_path):
@@ -414,6 +444,7 @@ def test_hardening_warmstart_bad_configs(tiny, tmp_path):
     with pytest.raises(WarmStartError, match="extractor reply is .* raise extractor.max_new_tokens"):
         run_warmstart(_config(tiny, tmp_path, "extractor.max_new_tokens=8"), log=lambda _: None)
     for override, match in (("warmstart.noise=1.5", "warmstart.noise"),
+                            ("warmstart.dtype=int8", "warmstart.dtype"),
                             ("warmstart.episodes=0", "warmstart.episodes"),
                             ("warmstart.extractor_epochs=0", "warmstart.extractor_epochs"),
                             ("warmstart.lora.enabled=false", "LoRA adapters only"),
@@ -477,7 +508,7 @@ def test_demo_warm_starts_trains_and_reports_before_and_after(tiny, tmp_path, ca
         "warmstart.episodes=2", "warmstart.extractor_samples=1", "warmstart.epochs=1",
         "warmstart.lora.top_layers=1", "warmstart.lora.r=4",
         "tasks.envs.0.kwargs.max_episode_steps=2", "actor.max_new_tokens=128",
-        "extractor.max_new_tokens=8", "extractor.train_after=1"])
+        "extractor.max_new_tokens=192", "extractor.train_after=1"])
     train_and_evaluate(cfg, 2, tmp_path / "demo", cache=tmp_path / "cache")
     out = capsys.readouterr().out
     assert (tmp_path / "w" / "actor" / "adapter_config.json").exists()  # warm start ran first

@@ -79,7 +79,7 @@ def bf16_fallback() -> list[str]:
 
     if torch.cuda.is_available() or cpu_computes_bf16():
         return []
-    return ["actor.dtype=float32", "extractor.dtype=float32"]
+    return ["actor.dtype=float32", "extractor.dtype=float32", "warmstart.dtype=float32"]
 
 
 def run(args: argparse.Namespace) -> int:

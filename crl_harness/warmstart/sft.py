@@ -145,6 +145,13 @@ def save_adapter(learner: PolicyLearner, directory: Path, base: str) -> Path:
         # path peft records would not).
         config["base_model_name_or_path"] = base.removeprefix("hf:")
         config_path.write_text(json.dumps(config, indent=2))
+        # mkdtemp and safetensors make the folder 0700 and files 0600; an adapter is for every
+        # user of the checkout, as the files around it (the umask's modes)
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)
+        for path in staging.iterdir():
+            path.chmod(0o666 & ~umask)
         if directory.exists():
             # The old adapter goes to a fresh name (a fixed one could be someone's folder).
             old = tempfile.mkdtemp(prefix=f".{directory.name}-old-", dir=directory.parent)
@@ -239,7 +246,7 @@ def _warm_actor(cfg: TrainConfig, out: Path, rng: random.Random,
     """Oracle episodes for the actor, its fit and ``OUT/actor``; returns its metrics."""
     w = cfg.warmstart
     t0 = time.perf_counter()
-    actor_backend = load_backend(w.model, dtype="float32", kv_reuse=False)
+    actor_backend = load_backend(w.model, dtype=w.dtype, kv_reuse=False)
     tokenizer = actor_backend.tokenizer
     episodes: list[AdvisedEpisode] = []
     seeds = list(range(w.seed_offset, w.seed_offset + w.episodes))
@@ -280,7 +287,7 @@ def _warm_extractor(cfg: TrainConfig, out: Path, rng: random.Random,
     samples, the fit and ``OUT/extractor``; returns its metrics."""
     w = cfg.warmstart
     t0 = time.perf_counter()
-    backend = load_backend(w.model, dtype="float32", kv_reuse=False)
+    backend = load_backend(w.model, dtype=w.dtype, kv_reuse=False)
     envs = cfg.tasks.envs
     episodes: list[AdvisedEpisode] = []
     for index, entry in enumerate(envs):
