@@ -60,13 +60,19 @@ def test_cpu_mixtures_load_with_the_papers_envs_short_limits_and_disjoint_seeds(
 
 
 @pytest.mark.parametrize("name", ["mix3-cpu", "mix6-cpu"])
-def test_dry_run_without_the_warm_start_names_it_in_one_line(name, capsys, tmp_path, monkeypatch):
+def test_dry_run_without_the_warm_start_names_it_in_one_line(name, capsys, tmp_path):
     from crl_harness.config import config_dir
 
-    monkeypatch.chdir(tmp_path)  # assets/warmstart/NAME resolves under here: not made yet
-    assert main(["train", str(config_dir() / f"{name}.yaml"), "--dry-run"]) == 2
+    missing = f"warmstart.output_dir={tmp_path / 'not-made'}"  # mix3-cpu's own is shipped
+    assert main(["train", str(config_dir() / f"{name}.yaml"), missing, "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"crl warmstart {name}" in err
+
+
+def test_dry_run_of_mix3_cpu_finds_its_shipped_warm_start_and_prints_each_env(capsys):
+    assert main(["train", "mix3-cpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert all(env in out for env in ("MiniHackRoom", "WebShop", "ALFWorld"))
 
 
 # ------------------------------------------------------------------ the mixture sampler
