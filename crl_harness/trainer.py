@@ -94,9 +94,14 @@ def _guided_free_pairs(trajectories: Sequence[Trajectory]) -> dict[str, float]:
             "pairs/free_only": d.only_a, "pairs/guided_only": d.only_b}
 
 
+def _format_failure_rate(trajectories: Sequence[Trajectory]) -> float:
+    """Replies outside the answer format over the turns played."""
+    return sum(t.format_failures for t in trajectories) / max(sum(t.steps for t in trajectories), 1)
+
+
 def _env_metrics(trajectories: Sequence[Trajectory], uses_experience: bool) -> dict[str, float]:
     """Per env of the mixture (``short_env_name``): ``success/ENV``, ``format_failure_rate/ENV``
-    (malformed replies over turns, as ``rollout/format_failure_rate``) and, in the arms that use
+    (``_format_failure_rate``, as ``rollout/format_failure_rate``) and, in the arms that use
     experience, ``success/ENV/guided`` and ``success/ENV/free``."""
     by_env: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
@@ -104,8 +109,7 @@ def _env_metrics(trajectories: Sequence[Trajectory], uses_experience: bool) -> d
     m: dict[str, float] = {}
     for env, part in by_env.items():
         m[f"success/{env}"] = _mean([float(t.won) for t in part])
-        m[f"format_failure_rate/{env}"] = (sum(t.format_failures for t in part)
-                                           / max(sum(t.steps for t in part), 1))
+        m[f"format_failure_rate/{env}"] = _format_failure_rate(part)
         if uses_experience:
             for name, flag in (("guided", True), ("free", False)):
                 m[f"success/{env}/{name}"] = _mean([float(t.won) for t in part
@@ -458,8 +462,7 @@ class Trainer:
                 m[f"reward/{name}"] = _mean([t.reward for t in part])
             m.update(_guided_free_pairs(trajectories))
         m.update(_env_metrics(trajectories, cfg.uses_experience))
-        turns = sum(t.steps for t in trajectories)
-        m["rollout/format_failure_rate"] = sum(t.format_failures for t in trajectories) / max(turns, 1)
+        m["rollout/format_failure_rate"] = _format_failure_rate(trajectories)
         m["rollout/generated_tokens"] = sum(t.generated_tokens for t in trajectories)
         m["rollout/episodes"] = len(trajectories)
         if actor is not None:

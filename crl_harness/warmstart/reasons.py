@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from crl_envs.alfworld.env import TASK_PREFIX
 from crl_envs.minihack.oracle import MOVES, parse_observation
 
 __all__ = ["REASONS", "minihack_reason", "sokoban_reason", "webshop_reason", "alfworld_reason",
@@ -179,7 +180,7 @@ def webshop_reason(observation: str, action: str, earlier: Sequence[str] = ()) -
 
 
 # --------------------------------------------------------------------------------- ALFWorld
-_TASK_LINE = re.compile(r"Your task is to: (.+?)\.?\s*$", re.M)
+_TASK_LINE = re.compile(rf"{re.escape(TASK_PREFIX)} (.+?)\.?\s*$", re.M)
 _TASK_OBJECT = re.compile(r"^(?:put|find|clean|heat|cool|examine|look at)\s+(?:(?:a|an|two|some|"
                           r"the)\s+)?(?:(?:clean|hot|cool|cold)\s+)?(\w+)")
 _TASK_TARGET = re.compile(r"\b(?:in|on|with|under)\s+(?:the\s+)?(\w+)$")
