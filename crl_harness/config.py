@@ -182,9 +182,8 @@ class ActorConfig:
     reported (a warning, and ``actor/logprob_gap_over_bound`` 1): the sampler is not running
     the learner's function (a missed weight sync, a lossy dtype)"""
     kv_cache_tokens: int = 65_536
-    """tokens of keys/values the rollout backend keeps to reuse between turns (least recently
-    used evicted; SmolLM2-135M in fp32: 46 KB a token); the extractor's backend (or engine)
-    keeps as many"""
+    """tokens of keys/values the rollout backend (or engine) keeps to reuse between turns (least
+    recently used evicted; SmolLM2-135M in fp32: 46 KB a token)"""
     lr: float = 1e-6
     clip_eps: float = 0.2
     """PPO clip range"""
@@ -223,6 +222,10 @@ class ExtractorConfig:
     """as ``actor.recompute_old_logprobs``"""
     max_logprob_gap: float = 0.1
     """as ``actor.max_logprob_gap``"""
+    kv_cache_tokens: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """as ``actor.kv_cache_tokens``, for the extractor's backend (or engine); null: as many as
+    the actor's. Its prompts are one transcript each (``experience.max_transcript_chars``), so
+    a mixture whose actor needs a large cache can give the extractor a small one"""
     lr: float = 1e-6
     eps_low: float = 0.1
     """CISPO weight clip below 1"""
@@ -404,6 +407,15 @@ class TrainConfig:
         if learner.lora.enabled and learner.lora.init_from:
             return f"hf:{learner.lora.init_from}"
         return self.actor.model if learner.model == "same" else learner.model
+
+    def kv_cache_tokens(self, role: str = "actor") -> int:
+        """The KV cache, in tokens, of ``role``'s backend: the extractor's null is the actor's.
+
+        >>> load_config(None, ["actor.kv_cache_tokens=4096"]).kv_cache_tokens("extractor")
+        4096
+        """
+        own = getattr(self, role).kv_cache_tokens
+        return self.actor.kv_cache_tokens if own is None else own
 
     @property
     def retrieval_warmup(self) -> int:
@@ -624,6 +636,7 @@ def _validate(cfg: TrainConfig, source: str) -> None:
                        ("run.rollout_workers", cfg.run.rollout_workers),
                        ("actor.micro_batch_size", cfg.actor.micro_batch_size),
                        ("actor.kv_cache_tokens", cfg.actor.kv_cache_tokens),
+                       ("extractor.kv_cache_tokens", cfg.kv_cache_tokens("extractor")),
                        ("actor.max_new_tokens", cfg.actor.max_new_tokens),
                        ("extractor.micro_batch_size", cfg.extractor.micro_batch_size),
                        ("extractor.max_new_tokens", cfg.extractor.max_new_tokens),

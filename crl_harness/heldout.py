@@ -23,7 +23,7 @@ from typing import Any
 
 from crl_harness.eval import PairedDifference, paired_difference
 
-__all__ = ["evaluate_levels", "env_cases", "paired", "pooled", "model_hash", "default_cache"]
+__all__ = ["evaluate_levels", "load_actor", "env_cases", "paired", "pooled", "model_hash", "default_cache"]
 
 _CACHE_FORMAT = 2  # bump when what a cached outcome means changes (2: the dtype in the key)
 
@@ -105,16 +105,37 @@ def env_cases(cfg: Any, cases: dict[str, tuple[list[int], bool]]
 
 
 def cache_file(cache: Path, fingerprint: str, entry: Any, seeds: list[int], rollout: Any,
-               dtype: str) -> Path:
+               dtype: str, engine: str = "hf") -> Path:
     """Where the outcomes of a model (``fingerprint``, ``model_hash``) on ``seeds`` of the env
-    ``entry`` (a ``tasks.envs`` entry) are cached under ``cache``, for those generation settings."""
+    ``entry`` (a ``tasks.envs`` entry) are cached under ``cache``, for those generation settings
+    and the engine that played them (``hf``, ``vllm``: their greedy tokens may differ)."""
     key = {"format": _CACHE_FORMAT, "model": fingerprint, "env_id": entry.id,
            "env_kwargs": dict(entry.kwargs), "seeds": seeds,
            "max_new_tokens": rollout.max_new_tokens, "history": rollout.history, "dtype": dtype}
     if entry.options:  # reset options choose the levels (a config without keeps its key)
         key["options"] = dict(entry.options)
+    if engine != "hf":  # (an hf key stays what it was before engines were chosen)
+        key["engine"] = engine
     text = json.dumps(key, sort_keys=True, default=str)
     return cache / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+
+
+def load_actor(cfg: Any, actor: str, dtype: str = "auto") -> Any:
+    """``actor`` (an ``hf:`` spec: a model or an adapter folder) on the engine that ``cfg``
+    rolls out with (``actor.rollout_engine``: transformers, or vLLM, with the adapter merged in
+    fp32), with ``actor.kv_cache_tokens`` of KV cache either way."""
+    from crl_harness.models import load_backend
+
+    if cfg.actor.rollout_engine != "vllm":
+        return load_backend(actor, dtype=dtype, kv_cache_tokens=cfg.actor.kv_cache_tokens)
+    import torch
+
+    from crl_harness.models.hf import resolve_dtype
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return load_backend("vllm:" + actor.removeprefix("hf:"), dtype=resolve_dtype(dtype, device),
+                        max_context=None, kv_cache_tokens=cfg.actor.kv_cache_tokens,
+                        seed=cfg.run.seed)
 
 
 def evaluate_levels(cfg: Any, actor: str,
@@ -128,7 +149,8 @@ def evaluate_levels(cfg: Any, actor: str,
     now are one batch, and each gets a report under ``out/NAME/report.json``; with ``cache`` (a
     folder), the outcomes of a case without the bank are read from it when there, and written to
     it once played (``refresh``: played even when cached, and the cache rewritten). ``dtype``:
-    the weights' dtype of an ``hf:`` actor (part of the cache key)."""
+    the weights' dtype of an ``hf:`` actor (part of the cache key); it plays on the engine that
+    ``cfg`` rolls out with (``load_actor``)."""
     from crl_harness.eval import evaluate, write_report
     from crl_harness.rollout import EpisodeSpec, RolloutConfig
 
@@ -141,13 +163,14 @@ def evaluate_levels(cfg: Any, actor: str,
                             history=cfg.actor.history, experience_k=cfg.experience.k,
                             env_kwargs=env_kwargs)
     fingerprint = model_hash(actor) if cache is not None else None
+    engine = cfg.actor.rollout_engine if actor.startswith("hf:") else "hf"
 
     outcomes: dict[str, dict[int, bool]] = {}
     to_play = {}
     for name, (seeds, with_bank, *index) in cases.items():
         entry = cfg.tasks.envs[index[0] if index else 0]
         path = None if with_bank or fingerprint is None or cache is None else \
-            cache_file(cache, fingerprint, entry, seeds, rollout, dtype)
+            cache_file(cache, fingerprint, entry, seeds, rollout, dtype, engine)
         if path is not None and path.exists() and not refresh:
             outcomes[name] = {int(s): won for s, won in json.loads(path.read_text()).items()}
         else:
@@ -169,15 +192,15 @@ def evaluate_levels(cfg: Any, actor: str,
                                      use_experience=with_bank and retriever is not None,
                                      options=dict(entry.options) or None))
             case_of.append(name)
+    backend = None
     try:
-        backend = None
         if actor.startswith("hf:"):
-            from crl_harness.models import load_backend
-
-            backend = load_backend(actor, dtype=dtype, kv_cache_tokens=cfg.actor.kv_cache_tokens)
+            backend = load_actor(cfg, actor, dtype)
         trajectories = evaluate(actor, specs, backend=backend, retriever=retriever,
                                 rollout=rollout)
     finally:
+        if backend is not None:
+            backend.close()
         if manager is not None:
             manager.close()
     for name, (seeds, _, path, _) in to_play.items():

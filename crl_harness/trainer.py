@@ -207,11 +207,10 @@ class Trainer:
         if cfg.uses_experience:
             spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
             vllm_static = cfg.extractor.rollout_engine == "vllm" and not cfg.trains_extractor
-            # with "same": a second copy of the base model, with the same KV budget as the actor's
+            # with "same": a second copy of the base model
             extractor_backend = load_backend(
                 ("vllm:" + spec.removeprefix("hf:")) if vllm_static else spec,
-                dtype=cfg.extractor.dtype,
-                **({} if vllm_static else {"kv_cache_tokens": cfg.actor.kv_cache_tokens}))
+                dtype=cfg.extractor.dtype, kv_cache_tokens=cfg.kv_cache_tokens("extractor"))
             if cfg.trains_extractor:
                 self.extractor = self._learner("extractor", extractor_backend.model)
                 extractor_backend = self._sampler("extractor", extractor_backend)
@@ -243,8 +242,7 @@ class Trainer:
             return learner_backend
         engine = SyncedVLLM(getattr(self, role), learner_backend.tokenizer,
                             max_context=learner_backend.max_context,
-                            kv_layout=learner_backend.kv_layout,
-                            kv_cache_tokens=self.cfg.actor.kv_cache_tokens, seed=self.cfg.run.seed)
+                            kv_cache_tokens=self.cfg.kv_cache_tokens(role), seed=self.cfg.run.seed)
         self.engines[role] = engine
         return engine.backend
 

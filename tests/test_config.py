@@ -182,6 +182,8 @@ def test_hardening_top_p_zero_keeps_the_most_likely_token_and_the_config_wants_0
     ("warmstart.seed_offset=-3", "warmstart.seed_offset"),
     ("experience.k=1000000000", "experience.k"),
     ("run.torch_threads=100000", "run.torch_threads"),
+    ("extractor.kv_cache_tokens=0", "extractor.kv_cache_tokens"),
+    ("extractor.kv_cache_tokens=many", "extractor.kv_cache_tokens"),
 ])
 def test_hardening_values_that_would_crash_after_the_models_load_are_config_errors(override, key):
     with pytest.raises(ConfigError, match=f"bad config key '{key}'"):

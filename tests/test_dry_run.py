@@ -39,10 +39,11 @@ def test_dry_run_plan_numbers_follow_the_config() -> None:
     from crl_harness.config import load_config
 
     cfg = load_config("cpu-demo", ["arm=static", "actor.lora.enabled=true", "actor.lora.r=8",
-                                   "actor.dtype=bfloat16"])
+                                   "actor.dtype=bfloat16", "extractor.kv_cache_tokens=1024"])
     plan = make_plan(cfg)
     actor, extractor = plan.models
     assert extractor.trained == 0  # static: a frozen extractor
+    assert (actor.kv_tokens, extractor.kv_tokens) == (65_536, 1024)  # each its own KV cache
     assert 0 < actor.trained < actor.params // 100  # only the adapters train
     memory = actor.memory()
     assert memory["weights"] == actor.params * 2 and memory["AdamW"] == actor.trained * 8

@@ -147,8 +147,12 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 def test_co_evolve_trains_both_models_fills_the_bank_and_writes_metrics(models, tmp_path):
     seeded, initial_bank = _seed_bank(tmp_path)
-    cfg = load_config(None, [*_overrides(models, tmp_path), initial_bank])
+    cfg = load_config(None, [*_overrides(models, tmp_path), initial_bank,
+                             "extractor.kv_cache_tokens=2048"])
     trainer = Trainer(cfg)
+    # each model its own KV cache: the extractor's setting reaches the extractor's backend only
+    assert trainer.experience.backend.kv_cache_tokens == 2048
+    assert trainer.actor_backend.kv_cache_tokens == cfg.actor.kv_cache_tokens != 2048
     trainer.train()
 
     records = read_metrics(tmp_path / "metrics.jsonl")

@@ -129,3 +129,43 @@ def test_vllm_merges_an_adapter_and_starts_after_the_bank_was_imported(tmp_path)
 
     vllm_tokens, hf_tokens = json.loads(done.stdout.strip().splitlines()[-1])
     assert [t[:2] for t in vllm_tokens] == [t[:2] for t in hf_tokens]
+
+
+def test_heldout_levels_play_on_the_configs_engine_with_its_kv_budget(tmp_path, monkeypatch):
+    """``actor.rollout_engine: vllm``: held-out levels play on vLLM, its KV cache sized from
+    ``actor.kv_cache_tokens`` and its context the model's own, cached apart from the HF engine's
+    outcomes (their greedy tokens may differ)."""
+    import os
+
+    from crl_harness import heldout
+    from crl_harness.config import load_config
+    from crl_harness.models.tiny import build_tiny_model
+    from crl_harness.rollout import RolloutConfig
+
+    tiny = build_tiny_model(tmp_path / "model")
+    loaded = []
+    load_actor = heldout.load_actor
+    monkeypatch.setattr(heldout, "load_actor", lambda *a: loaded.append(load_actor(*a))
+                        or loaded[-1])
+    settings = [f"actor.model=hf:{tiny}", "actor.max_new_tokens=8",
+                "tasks.envs=[{id: CRL/Sokoban-v0, kwargs: {max_episode_steps: 2}}]"]
+    cfg = load_config(None, [*settings, "actor.rollout_engine=vllm",
+                             "actor.kv_cache_tokens=200000"])
+    seeds = [50_000_000, 50_000_001]
+    outcomes = heldout.evaluate_levels(cfg, f"hf:{tiny}", {"held-out": (seeds, False)},
+                                       tmp_path / "out", cache=tmp_path / "cache",
+                                       dtype="float32")
+    assert sorted(outcomes["held-out"]) == seeds
+    engine = loaded[0]
+    assert type(engine).__name__ == "VLLMBackend" and engine.llm is None  # closed after play
+    assert engine.max_context == 4096  # the tiny model's max_position_embeddings
+    # 200,000 tokens x 2 layers x 2 x 1 KV head x 64 dims x 4 bytes = 0.19 GiB: 1 GiB (not 2)
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    [cached] = (tmp_path / "cache").glob("*.json")
+    hf_cfg = load_config(None, settings)
+    rollout = RolloutConfig(max_new_tokens=8, history=None)
+    hf_key = heldout.cache_file(tmp_path / "cache", heldout.model_hash(f"hf:{tiny}"),
+                                hf_cfg.tasks.envs[0], seeds, rollout, "float32")
+    assert hf_key != cached and heldout.cache_file(
+        tmp_path / "cache", heldout.model_hash(f"hf:{tiny}"), cfg.tasks.envs[0], seeds, rollout,
+        "float32", "vllm") == cached

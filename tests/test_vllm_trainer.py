@@ -52,7 +52,7 @@ def test_synced_engine_runs_the_learners_weights_after_an_update(tmp_path, lora)
     learner = PolicyLearner(hf.model, lr=0.05, max_grad_norm=1e9, temperature=1.0,
                             micro_batch_size=8, recompute_old_logprobs=True,
                             lora=LoRAConfig(enabled=True, r=8, alpha=16) if lora else None)
-    engine = SyncedVLLM(learner, hf.tokenizer, max_context=512, kv_layout=hf.kv_layout,
+    engine = SyncedVLLM(learner, hf.tokenizer, max_context=512,
                         kv_cache_tokens=4096, seed=0)
     try:
         before = engine.backend.generate(PROMPTS, max_new_tokens=6, temperature=0.0)

@@ -220,7 +220,7 @@ def _models(cfg: Any, problems: list[str]) -> tuple[list[ModelPlan], Any]:
             continue
         dtype = resolve_dtype(section.dtype, "cuda" if torch.cuda.is_available() else "cpu")
         n_trained = (adapters if section.lora.enabled else params) if trained else 0
-        kv_tokens = cfg.actor.kv_cache_tokens  # the actor's and the extractor's backend alike
+        kv_tokens = cfg.kv_cache_tokens(role)
         where = source + (f"#{extra['gguf_file']}" if extra else "")
         plans.append(ModelPlan(role=role, spec=spec, source=f"adapters on {where}" if adapter
                                else where, params=params, trained=n_trained,

@@ -11,6 +11,7 @@ engine (the engine runs in this process for that) and clears the prefix cache, s
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -27,14 +28,26 @@ from crl_harness.models.base import (
     encode_chat,
     stop_token_ids,
 )
+from crl_harness.models.kv_cache import KVLayout
 
-__all__ = ["VLLMBackend", "vllm_available"]
+__all__ = ["VLLMBackend", "engine_kv_gib", "vllm_available"]
 
 # One engine call at a time in a process: in-process engines share vLLM's module-level forward
 # context, so two engines driven from two threads (the trainer's rollouts and its background
 # distillation) would run with each other's attention metadata.
 _ENGINE_CALLS = threading.Lock()
 _USER_KV_SPACE = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+
+
+def engine_kv_gib(layout: KVLayout, tokens: int, dtype: Any) -> int:
+    """GiB of KV cache for ``tokens`` tokens of a model in ``dtype``, at least 1: what
+    ``kv_cache_tokens`` buys in vLLM's CPU cache.
+
+    >>> import torch
+    >>> engine_kv_gib(KVLayout(layers=30, kv_heads=3, head_dim=64), 65_536, torch.float32)
+    3
+    """
+    return max(1, math.ceil(tokens * layout.bytes_per_token(dtype) / 2**30))
 
 
 def vllm_available() -> bool:
@@ -51,11 +64,13 @@ class VLLMBackend:
     a LoRA adapter folder, which is merged into its base first.
     ``engine_args`` go to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``tensor_parallel_size``).
     On CPU the KV cache size comes from ``$VLLM_CPU_KVCACHE_SPACE`` (GiB), set to ``kv_cache_gib``
-    unless the environment already sets it.
+    (or what ``kv_cache_tokens`` tokens of this model take, as the HF backend's option) unless the
+    environment already sets it. ``max_context`` None: the model's own (``max_position_embeddings``).
     """
 
-    def __init__(self, path: str | os.PathLike, *, dtype: str = "auto", max_context: int = 4096,
-                 seed: int = 0, kv_cache_gib: int = 2, **engine_args: Any) -> None:
+    def __init__(self, path: str | os.PathLike, *, dtype: str = "auto",
+                 max_context: int | None = 4096, seed: int = 0, kv_cache_gib: int = 2,
+                 kv_cache_tokens: int | None = None, **engine_args: Any) -> None:
         if not vllm_available():
             raise BackendUnavailableError(
                 "The vllm backend needs vLLM: pip install 'crl-gym[vllm]' on a GPU machine, "
@@ -69,6 +84,9 @@ class VLLMBackend:
         self._merged = None
         if (Path(path).expanduser() / "adapter_config.json").is_file():
             path = self._merge_adapter(Path(path).expanduser())
+        if kv_cache_tokens is not None or max_context is None:
+            kv_cache_gib, max_context = self._sizes(Path(path).expanduser(), dtype, kv_cache_tokens,
+                                                    kv_cache_gib, max_context)
         # In-process engine: load_weights hands the tensors to the worker without serialising them.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # each engine its own size (a trainer may start two), unless the user set one for all
@@ -102,6 +120,25 @@ class VLLMBackend:
         self.name = f"vllm:{path}"
         self.max_context = max_context
         self.stop_ids = stop_token_ids(self.tokenizer)
+
+    @staticmethod
+    def _sizes(path: Path, dtype: str, kv_cache_tokens: int | None, kv_cache_gib: int,
+               max_context: int | None) -> tuple[int, int]:
+        """The KV cache's GiB and the context, read from the checkpoint's config where asked."""
+        import torch
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path)
+        if max_context is None:
+            max_context = int(getattr(config.get_text_config(decoder=True),
+                                      "max_position_embeddings", 4096))
+        if kv_cache_tokens is not None:
+            # vLLM's "auto" is the checkpoint's own dtype
+            name = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+                       or "float32") if dtype == "auto" else dtype
+            kv_cache_gib = engine_kv_gib(KVLayout.of(config), kv_cache_tokens,
+                                         getattr(torch, name.removeprefix("torch.")))
+        return kv_cache_gib, max_context
 
     def _merge_adapter(self, adapter: Path) -> str:
         """A LoRA adapter (e.g. a warm start) merged into its base, in fp32, as a plain checkpoint
