@@ -268,6 +268,12 @@ def test_demo_of_a_mixture_warm_starts_and_prints_each_env_and_the_pooled_pairs(
      "--eval-levels must be between 1 and 10000, got 0."),
     (["demo", "--config", "mix3-cpu", "--eval-levels", "10001"],
      "--eval-levels must be between 1 and 10000"),
+    (["demo", "--config", "mix3-cpu", "--no-train", "actor.rollout_engine=llamacpp"],
+     "bad config key 'actor.rollout_engine': invalid value 'llamacpp', expected one of hf, vllm"),
+    (["demo", "--config", "mix3-cpu", "--no-train", "actor.nosuch=1"],
+     "--config and its settings: override 'actor.nosuch=1': bad config key 'actor.nosuch'"),
+    (["demo", "--no-train", "actor.lr"],
+     "--config and its settings: override 'actor.lr' must look like key=value"),
 ])
 def test_hardening_demo_config_is_checked_with_one_line(argv, message, capsys, tmp_path,
                                                         monkeypatch):
@@ -284,3 +290,18 @@ def test_hardening_demo_config_with_a_bad_key_names_it_in_one_line(capsys, tmp_p
     assert main(["demo", "--config", "bad.yaml", "--no-train"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "tasks.groups_per_step" in err and "--config" in err
+
+
+def test_demo_settings_reach_the_training_config(tmp_path, monkeypatch):
+    """``crl demo [key=value ...]``: the settings reach the config that trains and evaluates;
+    the run still goes under ``--out``."""
+    from crl_harness.commands import demo
+
+    seen = []
+    monkeypatch.setattr(demo, "train_and_evaluate", lambda cfg, levels, out: seen.append(cfg))
+    assert main(["demo", "--config", "mix3-cpu", "--episodes", "1", "--envs", SOKOBAN,
+                 "--out", str(tmp_path / "demo"), "actor.rollout_engine=vllm",
+                 "extractor.kv_cache_tokens=2048", "run.output_dir=elsewhere"]) == 0
+    [cfg] = seen
+    assert cfg.actor.rollout_engine == "vllm" and cfg.kv_cache_tokens("extractor") == 2048
+    assert cfg.run.output_dir == str(tmp_path / "demo" / "mix3-cpu")

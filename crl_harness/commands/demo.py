@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-levels", type=int, default=96,
                         help="held-out levels of the before/after evaluation, one greedy episode "
                              "each (default 96: about 80%% power for +15 points, paired by level)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="settings of the training config, as crl train takes them (e.g. "
+                             "actor.rollout_engine=vllm extractor.rollout_engine=vllm)")
 
 
 def runnable_envs(env_ids: list[str]) -> list[str]:
@@ -93,9 +96,11 @@ def run(args: argparse.Namespace) -> int:
     check_range("--eval-levels", args.eval_levels, 1, HELDOUT_RESERVED)
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     try:  # OUT/NAME: the config's own name (run.output_dir's default is runs/${name})
-        cfg = load_config(args.config, [f"run.output_dir={out}/${{name}}", *bf16_fallback()])
+        cfg = load_config(args.config, [*bf16_fallback(), *args.overrides,
+                                        f"run.output_dir={out}/${{name}}"])
     except ConfigError as err:
-        raise UserFacingError(f"--config: {err}") from err
+        raise UserFacingError(f"--config{' and its settings' if args.overrides else ''}: "
+                              f"{err}") from err
     if not args.no_train and occupied(cfg.run.output_dir):
         raise UserFacingError(f"--out {out} holds an earlier demo's run; give a new --out (by "
                               "default each demo writes a fresh runs/demo-TIMESTAMP).")
