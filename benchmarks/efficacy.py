@@ -13,9 +13,10 @@ from the shipped warm start; ``--set key=value`` overrides every arm), reads its
 (cached: free the second time). Printed: per arm, held-out success and its paired difference
 against the warm start (levels x seeds pooled), every pair of arms paired the same way, and guided
 against free inside the same groups of training (paired slot by slot), each with its 95%
-interval and McNemar's exact p. Runs train ``--jobs`` at a time (default 2), each in a process of its own
-with its share of the cores as ``run.torch_threads``: on 2 cores a pair of runs takes 1.7x one
-run alone (a lone run kept 1.7 of the 2 cores busy in `time -v`). It prints the
+interval and McNemar's exact p. Runs train ``--jobs`` at a time (default 1), each in a process of its own
+with its share of the cores as ``run.torch_threads``: a cpu-demo run peaks at 13 GB (HF rollouts)
+to 16 GB (vLLM), so two at once ran a 24 GB machine out of memory; on 2 cores a pair of runs
+took 1.7x one run alone where they fit. It prints the
 training-task success per step with the rollouts of the repeats pooled (95% Wilson intervals), a
 markdown table (final-step success, mean over steps, guided vs free subgroups) and writes
 ``efficacy.png`` and ``efficacy.json`` into ``--out``. Run seeds are ``--seed``, ``--seed + 1``,
@@ -199,8 +200,9 @@ def main() -> None:
                         help="held-out levels each run's final actor and the warm start play, "
                              "one greedy episode each (default 128: about 90%% power for +15 "
                              "points, paired)")
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="runs trained at once, each in its own process (default 2)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs trained at once, each in its own process (default 1: a "
+                             "cpu-demo run peaks at 13-16 GB)")
     args = parser.parse_args()
 
     if not 1 <= args.repeats <= 20 or (args.steps is not None and not 1 <= args.steps <= 10_000):

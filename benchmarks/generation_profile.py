@@ -75,7 +75,7 @@ def main() -> None:
     from crl_harness.models.base import encode_chat
     from crl_harness.models.hf import sample_next_token
     from crl_harness.models.kv_cache import SlabCache
-    from crl_harness.models.registry import resolve_model_path
+    from crl_harness.models.names import resolve_model_path
     from crl_harness.rollout import EpisodeSpec, LiveEpisode, make_env
 
     backend = HFBackend(resolve_model_path(args.model), dtype=args.dtype, kv_reuse=False,

@@ -93,7 +93,7 @@ def oracle_play(cfg) -> dict:
     does): its tokenizer, context, reply length, history and env kwargs."""
     from transformers import AutoTokenizer
 
-    from crl_harness.models.registry import resolve_model_path
+    from crl_harness.models.names import resolve_model_path
 
     entry = cfg.tasks.envs[0]
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.warmstart.model[3:]))

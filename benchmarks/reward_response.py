@@ -79,7 +79,7 @@ def _lora_overrides(adapter_spec: str) -> list[str]:
     from pathlib import Path
 
     from crl_harness.models.model_folder import adapter_base, is_adapter_folder
-    from crl_harness.models.registry import resolve_model_path
+    from crl_harness.models.names import resolve_model_path
 
     adapter = adapter_spec.removeprefix("hf:")
     if not is_adapter_folder(Path(resolve_model_path(adapter)).expanduser()):

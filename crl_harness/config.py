@@ -790,7 +790,7 @@ def _model_key(name: str) -> str:
     downloaded or converted."""
     from crl_envs.data import cache_dir
     from crl_harness.models.base import ModelNotFoundError
-    from crl_harness.models.registry import MODELS, resolve_model_path
+    from crl_harness.models.names import MODELS, resolve_model_path
 
     if name in MODELS:
         return str((cache_dir() / "models" / name).resolve())
@@ -809,7 +809,7 @@ def _lora_init_problem(cfg: TrainConfig, learner: str, *, at_load: bool = True
     writes them)."""
     from crl_harness.models.base import ModelLoadError, ModelNotFoundError
     from crl_harness.models.model_folder import adapter_base, is_adapter_folder
-    from crl_harness.models.registry import resolve_model_path
+    from crl_harness.models.names import resolve_model_path
 
     section = getattr(cfg, learner)
     lora: LoRAConfig = section.lora
@@ -870,7 +870,7 @@ def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
 
     from crl_harness.models.base import ModelNotFoundError
     from crl_harness.models.model_folder import adapter_base, is_adapter_folder
-    from crl_harness.models.registry import resolve_model_path
+    from crl_harness.models.names import resolve_model_path
 
     specs = {"actor": cfg.actor.model, "warmstart": cfg.warmstart.model,
              "extractor": cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model}

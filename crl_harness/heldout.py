@@ -49,7 +49,7 @@ def model_hash(spec: str) -> str | None:
     """
     if not spec.startswith("hf:"):
         return None
-    from crl_harness.models.registry import resolve_model_path
+    from crl_harness.models.names import resolve_model_path
 
     try:
         folder = Path(resolve_model_path(spec.removeprefix("hf:")))

@@ -74,7 +74,7 @@ from crl_harness.training.run_directory import ResumeError, RunDirectory, RunDir
 from crl_harness.training.sampler import TaskSampler
 from crl_harness.training.vllm_sync import SyncedVLLM
 
-__all__ = ["Trainer", "ResumeError", "RunDirectoryError", "make_trainer"]
+__all__ = ["Trainer", "ResumeError", "RunDirectoryError"]
 
 def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else float("nan")
@@ -536,7 +536,7 @@ class Trainer:
         a shipped ``assets/...`` path as written, another local path made absolute), or None
         when the actor trains no adapters or its model is an adapter folder merged at load."""
         from crl_harness.models.model_folder import is_adapter_folder
-        from crl_harness.models.registry import MODELS, resolve_model_path
+        from crl_harness.models.names import MODELS, resolve_model_path
 
         if self.actor.lora is None:
             return None
@@ -660,13 +660,3 @@ class Trainer:
             engine.close()
         self.metrics.close()
         self.run.close()
-
-
-def make_trainer(cfg: TrainConfig, **kwargs: Any) -> Trainer:
-    """The trainer for ``cfg.run.backend``: one process (``local``) or Ray actors (``ray``)."""
-    if cfg.run.backend == "ray":
-        from crl_harness.training.ray_backend import RayTrainer
-
-        return RayTrainer(cfg, **kwargs)
-    return Trainer(cfg, **kwargs)
-

@@ -129,7 +129,7 @@ def test_context_overflow_and_missing_models_raise_one_clear_error(tiny_dir, tmp
 
 
 def _resolve(name):
-    from crl_harness.models.registry import resolve_model
+    from crl_harness.models.names import resolve_model
 
     return resolve_model(name)
 

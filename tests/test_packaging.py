@@ -15,7 +15,7 @@ import pytest
 
 import crl_harness.assets as assets
 from crl_harness.assets import AssetsNotFoundError, assets_dir
-from crl_harness.models.registry import resolve_model_path
+from crl_harness.models.names import resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 WARM_START = "assets/warmstart/cpu-demo/actor"
@@ -61,7 +61,7 @@ WHEEL_CHECKS = textwrap.dedent(f"""
     from crl_harness.assets import assets_dir
     from crl_harness.config import load_config
     from crl_harness.experience.prompts import load_prompt
-    from crl_harness.models.registry import resolve_model_path
+    from crl_harness.models.names import resolve_model_path
 
     assert Path(crl_harness.__file__).is_relative_to(sys.prefix), crl_harness.__file__
     assert Path(assets_dir()).is_relative_to(sys.prefix), assets_dir()

@@ -126,7 +126,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     checkpoint."""
     from crl_harness.commands import train as train_command
     from crl_harness.heldout import default_cache, env_cases, evaluate_levels, paired
-    from crl_harness.models.registry import resolve_model_path
+    from crl_harness.models.names import resolve_model_path
     from crl_harness.warmstart import run_warmstart
 
     run_dir = Path(cfg.run.output_dir)

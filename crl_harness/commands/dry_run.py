@@ -130,7 +130,7 @@ def _locate(target: str) -> tuple[str, dict[str, Any], Path | None]:
     from crl_envs.data import cache_dir
     from crl_harness.models.base import ModelNotFoundError
     from crl_harness.models.model_folder import adapter_base, check_model_folder, is_adapter_folder
-    from crl_harness.models.registry import MODELS, _packaged_gguf, resolve_model_path
+    from crl_harness.models.names import MODELS, _packaged_gguf, resolve_model_path
 
     if target in MODELS:
         cached = cache_dir() / "models" / target

@@ -68,14 +68,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def make_trainer(cfg: Any, **kwargs: Any) -> Any:
+    """The trainer for ``cfg.run.backend``: one process (``local``, ``Trainer``) or Ray actors
+    (``ray``, ``RayTrainer``). Chosen here, by the command, so that the trainer never imports its
+    own subclass."""
+    if cfg.run.backend == "ray":
+        from crl_harness.training.ray_backend import RayTrainer
+
+        return RayTrainer(cfg, **kwargs)
+    from crl_harness.trainer import Trainer
+
+    return Trainer(cfg, **kwargs)
+
+
 def train(cfg: Any, *, resume: bool = False, overwrite: bool = False,
           progress: bool = True) -> Path:
     """Train ``cfg`` (a ``TrainConfig``) with a progress bar; returns the checkpoint of its final
     step. A run directory that cannot be used is one ``UserFacingError``, before models load."""
     output_dir(cfg.run.output_dir, "run.output_dir")
     from tqdm import tqdm
-
-    from crl_harness.trainer import make_trainer
 
     bar = tqdm(total=cfg.run.steps, desc=f"{cfg.name} [{cfg.arm}]", unit="step",
                disable=not progress)

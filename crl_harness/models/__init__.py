@@ -14,7 +14,8 @@ from crl_harness.models.base import (
     ModelNotFoundError,
 )
 from crl_harness.models.hf import HFBackend
-from crl_harness.models.registry import MODELS, load_backend, resolve_model
+from crl_harness.models.names import MODELS, resolve_model
+from crl_harness.models.registry import load_backend
 
 __all__ = [
     "BackendUnavailableError",

@@ -210,7 +210,7 @@ class HFBackend:
         extra = {"gguf_file": gguf_file} if gguf_file else {}
         adapter = local if is_adapter_folder(local) else None
         if adapter is not None:  # LoRA adapters (e.g. a warm start): load their base, then merge
-            from crl_harness.models.registry import resolve_model_path
+            from crl_harness.models.names import resolve_model_path
 
             path = resolve_model_path(adapter_base(adapter))
         if not gguf_file and Path(path).expanduser().is_dir():
@@ -240,7 +240,7 @@ class HFBackend:
             raise ModelNotFoundError(
                 f"Could not load a transformers model from {path!r}: {reason}. Pass a local model "
                 "directory, a .gguf file, a Hugging Face id reachable from this machine, or a "
-                "short name such as 'smollm2-135m' (see crl_harness.models.registry)."
+                "short name such as 'smollm2-135m' (see crl_harness.models.names)."
             ) from err
         except Exception as err:  # noqa: BLE001 - a damaged file fails in many library types
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]

