@@ -75,6 +75,9 @@ def main() -> None:
     parser.add_argument("--lost", type=int, default=8, help="lost episodes (0..200)")
     parser.add_argument("--samples", type=int, default=2,
                         help="answers per episode at the training temperature (0..8)")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "auto"),
+                        help="the extractor's weights (default: the config's extractor.dtype, "
+                             "what training samples with)")
     parser.add_argument("--out", default="runs/extractor-quality")
     args = parser.parse_args()
     for name, low, high in (("won", 1, 200), ("lost", 0, 200), ("samples", 0, 8)):
@@ -89,7 +92,8 @@ def main() -> None:
 
     cfg = load_config(args.config)
     extractor = args.extractor or cfg.starting_model("extractor")
-    backend = load_backend(extractor)
+    dtype = args.dtype or cfg.extractor.dtype
+    backend = load_backend(extractor, dtype=dtype)
     episodes = oracle_episodes(cfg, backend, args.won, args.lost)
     prompts = [[{"role": "user", "content": distill_prompt(
         DistillationRequest(t.env_id, t.task, t.transcript, t.won, t.score), [],
@@ -97,7 +101,7 @@ def main() -> None:
         max_transcript_chars=cfg.experience.max_transcript_chars)}] for t in episodes]
     taught = [taught_ops(t, backend.tokenizer, cfg.experience.max_transcript_chars)
               for t in episodes]
-    print(f"extractor quality: {extractor} on {cfg.tasks.envs[0].id}, {args.won} won and "
+    print(f"extractor quality: {extractor} ({dtype}) on {cfg.tasks.envs[0].id}, {args.won} won and "
           f"{args.lost} lost oracle episodes from held-out level {cfg.tasks.heldout_offset}",
           flush=True)
     results: dict[str, dict] = {}

@@ -11,6 +11,7 @@ import pytest
 EFFICACY = Path(__file__).resolve().parents[1] / "benchmarks" / "efficacy.py"
 PILOT = Path(__file__).resolve().parents[1] / "benchmarks" / "pilot_curve.py"
 WARM = Path(__file__).resolve().parents[1] / "benchmarks" / "warmstart_heldout.py"
+QUALITY = Path(__file__).resolve().parents[1] / "benchmarks" / "extractor_quality.py"
 
 
 @pytest.mark.parametrize(("script", "flags", "message"), [
@@ -31,6 +32,8 @@ WARM = Path(__file__).resolve().parents[1] / "benchmarks" / "warmstart_heldout.p
     (WARM, ["--levels", "0"], "--levels must be in 1..10000"),
     (WARM, ["--levels", "10001"], "--levels must be in 1..10000"),
     (WARM, ["--config", "no-such-config"], "no-such-config"),
+    (QUALITY, ["--dtype", "int8"], "invalid choice: 'int8'"),
+    (QUALITY, ["--won", "0"], "--won must be in 1..200"),
 ])
 def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, script, flags,
                                                                  message):
