@@ -10,8 +10,8 @@ Figures are medians of ``--runs`` runs: the episode and its phases, the sandbox'
 round trip). Then ``--concurrent`` Docker episodes run at once, each in its own env and thread;
 it fails (exit 1) if one is not resolved or a container with our label is left.
 
-The Docker column needs a daemon and the toy image (``crl swe build-image toy``, README);
-without them it is left out, with the reason.
+The Docker column needs a daemon and the toy image (``crl swe build-image toy``, README,
+"SWE-bench with Docker"); without them it is left out, with the reason.
 
     .venv/bin/python benchmarks/swe_toy_bench.py [--runs 5] [--concurrent 8] [--sandbox both]
 """

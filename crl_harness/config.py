@@ -4,7 +4,7 @@ Holds ``TrainConfig`` (the whole run) and its parts ``RunConfig``, ``TaskConfig`
 ``ActorConfig``, ``ExtractorConfig``, ``ExperienceConfig``, ``LoRAConfig``; ``load_config`` and
 ``ConfigError``. The defaults are the paper's released settings (docs/method.md, which also lists
 where this code departs), except the released code's two switches ``experience.actor_critic_gate``
-and ``experience.search_and_ask``, off here (README, Training); a YAML file under
+and ``experience.search_and_ask``, off here (docs/training.md); a YAML file under
 ``assets/configs/`` changes only what differs. The three arms are one switch, ``arm``:
 
 - ``co-evolve``: Complementary RL, the extractor is trained by CISPO;
@@ -284,7 +284,7 @@ class ExperienceConfig:
     """before a guided episode the actor judges the retrieved experience: accept keeps it, refine
     restates it, reject plays without it; the entries' writers are then credited by the verdict
     (critic -1 / 0.5, or the episode's score + 1 on accept). Off here, on in the released code
-    (README, Training)"""
+    (docs/training.md, Precision and fidelity settings)"""
     search_and_ask: bool = False
     """guided episodes may ask the bank mid-episode
     (``<knowledge_search_and_ask>QUERY</knowledge_search_and_ask>``); the extractor answers, and

