@@ -74,6 +74,19 @@ WHEEL_CHECKS = textwrap.dedent(f"""
     assert (Path(resolve_model_path("{WARM_START}")) / "adapter_config.json").is_file()
     env = gymnasium.make("CRL/Sokoban-v0")
     env.reset(seed=0)
+    # LocalSandbox's commands run under the installed reaper program, a file run by path.
+    import warnings
+
+    from crl_envs.swebench.sandbox import LocalSandbox, reaper
+
+    assert Path(reaper.__file__).is_relative_to(sys.prefix), reaper.__file__
+    Path("box-source").mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        box = LocalSandbox("box-source")
+    result = box.run("echo reaped; exit 3", timeout=30)
+    box.close()
+    assert (result.output, result.exit_code) == ("reaped\\n", 3), result
     print("wheel checks ok")
 """)
 

@@ -57,8 +57,9 @@ def test_swe_rows_from_parquet_draw_no_progress_bar(tmp_path):
 
 def test_unisolated_warning_is_shown_once_a_process(tmp_path):
     from crl_envs.swebench import sandbox
+    from crl_envs.swebench.sandbox import local
 
-    sandbox._warn_unisolated.cache_clear()
+    local._warn_unisolated.cache_clear()
     with pytest.warns(sandbox.UnisolatedSandboxWarning) as shown:
         boxes = [sandbox.LocalSandbox(tmp_path) for _ in range(3)]
     for box in boxes:

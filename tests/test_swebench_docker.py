@@ -17,8 +17,6 @@ import crl_envs  # noqa: F401
 from crl_envs.swebench.data import load_instances
 from crl_envs.swebench.grading import grade_patch
 from crl_envs.swebench.sandbox import (
-    _CONTAINER_INIT,
-    _KILL_ALL_BUT_INIT,
     CONTAINER_REPO,
     DockerSandbox,
     LocalSandbox,
@@ -27,6 +25,7 @@ from crl_envs.swebench.sandbox import (
     docker_client,
     ensure_image,
 )
+from crl_envs.swebench.sandbox.containers import _CONTAINER_INIT, _KILL_ALL_BUT_INIT
 from crl_envs.swebench.tools import Tools, format_tool_call
 
 pytest.importorskip("swebench")

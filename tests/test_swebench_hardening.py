@@ -17,8 +17,9 @@ import pytest
 from gymnasium.error import ResetNeeded
 
 import crl_envs  # noqa: F401  (registers the ids)
-from crl_envs.swebench import sandbox as sandbox_module
 from crl_envs.swebench.sandbox import LocalSandbox, UnisolatedSandboxWarning
+from crl_envs.swebench.sandbox import files as files_module
+from crl_envs.swebench.sandbox import supervised as supervised_module
 from crl_envs.swebench.tools import (
     MAX_ACTION_CHARS,
     MAX_EDITOR_FILE_BYTES,
@@ -165,8 +166,8 @@ def test_hardening_close_signals_only_processes_it_still_owns(box, monkeypatch):
             return kill(pid, sig)
         return kill_if_alive
 
-    monkeypatch.setattr(sandbox_module.os, "killpg", recording_kill(os.killpg))
-    monkeypatch.setattr(sandbox_module.os, "kill", recording_kill(os.kill))
+    monkeypatch.setattr(supervised_module.os, "killpg", recording_kill(os.killpg))
+    monkeypatch.setattr(supervised_module.os, "kill", recording_kill(os.kill))
     box.close()
     assert stale == []
 
@@ -251,7 +252,7 @@ def test_security_symlink_swapped_in_after_the_check_is_not_followed(box, tmp_pa
             target.symlink_to(secret)
         return resolved
 
-    monkeypatch.setattr(sandbox_module.os.path, "realpath", realpath_then_swap)
+    monkeypatch.setattr(files_module.os.path, "realpath", realpath_then_swap)
     for parameters in [dict(command="view"),
                        dict(command="str_replace", old_str="b = 2", new_str="b = PWNED")]:
         result = edit(tools, path=str(target), **parameters)

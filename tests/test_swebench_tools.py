@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
 
 import pytest
 
-from crl_envs.swebench.sandbox import OUTPUT_LIMIT, LocalSandbox, UnisolatedSandboxWarning
+from crl_envs.swebench.sandbox import OUTPUT_LIMIT, LocalSandbox, UnisolatedSandboxWarning, reaper
 from crl_envs.swebench.tools import ToolCallError, Tools, format_tool_call, parse_tool_call
 
 
@@ -221,6 +223,28 @@ def test_sandbox_close_kills_background_jobs(tmp_path):
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
     assert not _alive(pid) and not os.path.exists(box.repo_dir)
+
+
+def test_reaper_reports_the_exit_status_and_finds_descendants():
+    # The program each LocalSandbox command runs under, run as the sandbox runs it.
+    status_r, status_w = os.pipe()
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", reaper.__file__, str(status_w), "-1",
+                               "sh", "-c", "exit 3"], pass_fds=[status_w], timeout=30)
+        os.close(status_w)
+        assert done.returncode == 0 and os.read(status_r, 100) == b"3"
+    finally:
+        os.close(status_r)
+    # And its functions, imported: a grandchild is found through its parent.
+    child = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        grandchild = int(child.stdout.readline())
+        assert {child.pid, grandchild} <= set(reaper.descendants())
+    finally:
+        os.kill(grandchild, 9)
+        child.wait(timeout=10)
+        child.stdout.close()
 
 
 def test_diff_is_whole_and_independent_of_the_shell_cwd(tools):
