@@ -86,7 +86,7 @@ def main() -> None:
 
     from crl_harness.config import load_config
     from crl_harness.eval import wilson_interval
-    from crl_harness.experience.manager import DistillationRequest, distill_prompt
+    from crl_harness.experience.distill import DistillationRequest, distill_prompt
     from crl_harness.experience.operations import ParseLimits
     from crl_harness.models.registry import load_backend
 

@@ -9,7 +9,10 @@ Manager and its asynchronous loop").
 - ``credit``: ``CreditLedger`` and ``GenerationReward`` (the extractor's reward by use).
 - ``gate``: the actor-critic gate's verdicts (accept / refine / reject) and their critic scores.
 - ``ask``: search-and-ask, the actor's queries mid-episode and the extractor's answers.
-- ``manager``: ``ExperienceManager``, ``ManagerConfig``, ``DistillationRequest``.
+- ``locks``: ``ReadWriteLock`` (retrievals share, bank writes exclude).
+- ``distill``: ``DistillationRequest``, ``distill_prompt`` and the extractor's job queue.
+- ``search``: the manager's batched retrieval and the indexes it searches.
+- ``manager``: ``ExperienceManager`` (composing locks, search and distill), ``ManagerConfig``.
 """
 
 from crl_harness.experience.ask import AskAnswer, AskRecord, parse_ask
@@ -30,14 +33,10 @@ from crl_harness.experience.credit import (
     free_baselines,
     gated_credit,
 )
+from crl_harness.experience.distill import DistillationRequest, distill_prompt
 from crl_harness.experience.gate import CRITIC_SCORES, GateVerdict, parse_verdict
-from crl_harness.experience.manager import (
-    DistillationRequest,
-    ExperienceManager,
-    ManagerConfig,
-    ReadWriteLock,
-    distill_prompt,
-)
+from crl_harness.experience.locks import ReadWriteLock
+from crl_harness.experience.manager import ExperienceManager, ManagerConfig
 from crl_harness.experience.operations import (
     ParseLimits,
     ParseResult,

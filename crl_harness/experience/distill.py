@@ -1,0 +1,226 @@
+"""The extractor's jobs on the Experience Manager's background track: distilling finished episodes
+and merge passes (docs/method.md, "The Experience Manager and its asynchronous loop").
+
+Holds:
+- ``DistillationRequest``: one finished episode sent for distillation.
+- ``Extractor``: what answers the jobs (any callable ``prompt -> str`` or an object with ``.text``).
+- ``distill_prompt``: the extractor's prompt for one finished episode and the entries it was
+  shown (the manager's, and the warm start's extractor samples); ``_numbered``, the entries as
+  every extractor prompt shows them (distillation, merge, search-and-ask).
+- ``_ExtractorJobs``: the manager's job queue, its part of ``ExperienceManager``:
+  ``max_concurrent_extractions`` threads call the extractor, parse its answer strictly and apply
+  the operations under the write lock (distillations, and merge passes over chunks of
+  ``merge_chunk`` entries); a generation whose entries were written is registered for credit.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from string import Template
+from typing import TYPE_CHECKING, Any
+
+from crl_harness.experience.bank import (
+    AddEntry,
+    BankChange,
+    BankError,
+    DeleteEntries,
+    ExperienceBank,
+    ExperienceEntry,
+    VoteEntry,
+)
+from crl_harness.experience.credit import CreditLedger
+from crl_harness.experience.operations import (
+    Add,
+    Discard,
+    Merge,
+    Operation,
+    Rewrite,
+    Update,
+    Vote,
+    parse_distillation,
+    parse_merge,
+)
+from crl_harness.experience.prompts import load_prompt
+
+if TYPE_CHECKING:  # annotations only: manager.py imports this module
+    from crl_harness.experience.manager import ManagerConfig
+
+__all__ = ["DistillationRequest", "Extractor", "distill_prompt"]
+
+log = logging.getLogger(__name__)
+
+Extractor = Callable[[str], Any]
+
+
+@dataclass(frozen=True)
+class DistillationRequest:
+    """A finished episode for the extractor: what happened and which entries it was given."""
+
+    env_id: str
+    task: str
+    transcript: str
+    won: bool
+    score: float
+    retrieved_ids: list[str] = field(default_factory=list)
+    step: int = 0
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters omitted ...]\n{text[-half:]}"
+
+
+def _numbered(entries: Sequence[ExperienceEntry]) -> str:
+    if not entries:
+        return "(none)"
+    return "\n".join(f"[{i}] {e.title}: {e.content}" for i, e in enumerate(entries))
+
+
+def distill_prompt(request: DistillationRequest, shown: Sequence[ExperienceEntry], *,
+                   max_ops: int, max_transcript_chars: int,
+                   template: Template | None = None) -> str:
+    """The extractor's prompt for one finished episode and the entries it was shown (the
+    manager's, and the warm start's extractor samples, so both see the same text)."""
+    template = template or load_prompt("experience_distill")
+    return template.substitute(
+        env_id=request.env_id, task=request.task,
+        outcome="SUCCESS" if request.won else "FAILURE", score=f"{request.score:g}",
+        retrieved=_numbered(shown), max_ops=max_ops,
+        transcript=_clip(request.transcript, max_transcript_chars))
+
+
+class _ExtractorJobs:
+    """The job methods of ``ExperienceManager`` (its base class): the queue of distillations
+    and merges and the extractor threads that run them. The manager sets the attributes below
+    and provides ``apply`` and ``_count``."""
+
+    bank: ExperienceBank
+    config: ManagerConfig
+    ledger: CreditLedger
+    _extractor: Extractor | None
+    _distill_template: Template
+    _merge_template: Template
+    _state: threading.Condition
+    _pending: int
+    _closed: bool
+    _jobs: queue.Queue
+
+    # ----------------------------------------------------------------- jobs
+    def _enqueue(self, job: tuple) -> None:
+        with self._state:
+            if self._closed:
+                raise RuntimeError("ExperienceManager is closed; no new jobs are accepted.")
+            self._pending += 1
+        self._jobs.put(job)
+
+    def _drop_queued_jobs(self) -> None:
+        while True:
+            try:
+                self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            self._job_done()
+
+    def _job_done(self) -> None:
+        with self._state:
+            self._pending -= 1
+            self._state.notify_all()
+
+    def _extract_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                if job[0] == "distill":
+                    self._distill(job[1])
+                else:
+                    self._merge(job[1], job[2])
+            except (OSError, BankError) as err:  # a full disk, a read-only file: said in a line
+                log.error("experience job %s failed: %s", job[0], err)
+                self._count("job_errors")
+            except Exception:  # a bug in one job must not stop the background track
+                log.exception("experience job %s failed", job[0])
+                self._count("job_errors")
+            finally:
+                self._job_done()
+
+    def _call_extractor(self, prompt: str) -> tuple[Any, Any] | None:
+        extractor = self._extractor
+        if extractor is None:
+            raise RuntimeError("ExperienceManager has no extractor; call set_extractor first.")
+        try:
+            output = extractor(prompt)
+        except Exception:
+            log.exception("the extractor raised; the job applies nothing")
+            self._count("extractor_errors")
+            return None
+        return output, (output if isinstance(output, str) else getattr(output, "text", output))
+
+    def _distill(self, request: DistillationRequest) -> None:
+        shown = [e for e in (self.bank.get(i) for i in request.retrieved_ids) if e is not None]
+        prompt = distill_prompt(request, shown, max_ops=self.config.parse_limits.max_ops,
+                                max_transcript_chars=self.config.max_transcript_chars,
+                                template=self._distill_template)
+        called = self._call_extractor(prompt)
+        if called is None:
+            return
+        output, text = called
+        self._count("distillations")
+        parsed = parse_distillation(text, len(shown), self.config.parse_limits)
+        changes = self._changes(parsed.ops if parsed.ok else (), shown, request.env_id,
+                                request.step, "distill", prompt, output, parsed.error)
+        if changes:
+            self.apply(changes)
+            self._count("ops_applied", len(parsed.ops))
+
+    def _merge(self, env_id: str, ids: list[str]) -> None:
+        shown = [e for e in (self.bank.get(i) for i in ids) if e is not None]
+        if len(shown) < 2:
+            return
+        prompt = self._merge_template.substitute(env_id=env_id, entries=_numbered(shown))
+        called = self._call_extractor(prompt)
+        if called is None:
+            return
+        output, text = called
+        self._count("merges")
+        parsed = parse_merge(text, len(shown), self.config.parse_limits)
+        step = max(e.created_step for e in shown)
+        changes = self._changes(parsed.ops if parsed.ok else (), shown, env_id, step, "merge",
+                                prompt, output, parsed.error)
+        if changes:
+            self.apply(changes)
+            self._count("ops_applied", len(parsed.ops))
+
+    def _changes(self, ops: Sequence[Operation], shown: list[ExperienceEntry], env_id: str,
+                 step: int, kind: str, prompt: str, output: Any,
+                 error: str | None) -> list[BankChange]:
+        """Bank changes for parsed operations; registers the generation for credit."""
+        generation_id = uuid.uuid4().hex
+        if error is not None:
+            self._count("format_failures")
+            log.info("extractor %s answer rejected: %s", kind, error)
+            if self.config.format_failure_reward is not None:
+                self.ledger.register(generation_id, prompt, output, kind,  # type: ignore[arg-type]
+                                     fixed_reward=self.config.format_failure_reward)
+            return []
+        changes: list[BankChange] = []
+        for op in ops:
+            if isinstance(op, (Update, Merge)):
+                changes.append(DeleteEntries(tuple(shown[t].id for t in op.targets)))
+            elif isinstance(op, (Rewrite, Discard)):
+                changes.append(DeleteEntries((shown[op.target].id,)))
+            elif isinstance(op, Vote):
+                changes.append(VoteEntry(shown[op.target].id, op.delta))
+            if isinstance(op, (Add, Update, Merge, Rewrite)):
+                changes.append(AddEntry(env_id, op.title, op.content, generation_id, step))
+        if any(isinstance(c, AddEntry) for c in changes):
+            self.ledger.register(generation_id, prompt, output, kind)  # type: ignore[arg-type]
+        return changes
