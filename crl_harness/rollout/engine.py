@@ -1,8 +1,7 @@
-"""The multi-turn rollout engine: many episodes on many envs, one batched generate per turn.
+"""The batched rollout engine: many episodes on many envs, one batched generate per turn.
 
-Holds ``EpisodeSpec`` (what to play), ``Turn``, ``GateRecord`` and ``Trajectory`` (what was played,
-with the token ids, log-probs and loss masks the trainer needs), ``RolloutConfig`` and
-``RolloutEngine``.
+Holds ``RolloutConfig`` (the engine's settings), ``RolloutEngine`` and ``_RetrieveOnly`` (the
+retriever as the engine's experience wrappers see it).
 
 Each turn, every live episode's conversation becomes one prompt and the backend answers all of
 them in a single ``generate`` call; finished episodes hand their env to the next pending spec,
@@ -34,7 +33,6 @@ from typing import Any
 
 import gymnasium as gym
 
-import crl_envs  # noqa: F401  (registers the CRL ids)
 from crl_envs.errors import describe_error
 from crl_harness.experience.ask import (
     ASK_CLOSE,
@@ -46,132 +44,14 @@ from crl_harness.experience.ask import (
     tool_instructions,
 )
 from crl_harness.experience.bank import clean_text
-from crl_harness.experience.gate import Verdict, gate_messages, parse_verdict
+from crl_harness.experience.gate import gate_messages, parse_verdict
 from crl_harness.models.base import STOP, Generation, ModelBackend
-from crl_harness.prompting import (
-    ANSWER_FORMAT,
-    Conversation,
-    format_error_message,
-    parse_answer,
-    system_prompt,
-)
-from crl_wrappers.experience import DEFAULT_HEADER
+from crl_harness.prompting import format_error_message, parse_answer
+from crl_harness.rollout.episode import LiveEpisode, make_env
+from crl_harness.rollout.records import EpisodeSpec, GateRecord, Trajectory, Turn
+from crl_harness.rollout.transcript import transcript_of
 
-__all__ = ["EpisodeSpec", "Turn", "GateRecord", "Trajectory", "RolloutConfig", "RolloutEngine",
-           "LiveEpisode", "make_env", "task_id_of", "transcript_of"]
-
-
-@dataclass
-class EpisodeSpec:
-    """One episode to play: which env and seed, its GRPO group, and whether experience is on."""
-
-    env_id: str
-    seed: int
-    group_id: int = 0
-    use_experience: bool = False
-    options: dict[str, Any] | None = None
-
-
-@dataclass
-class Turn:
-    """One model reply and what it did.
-
-    ``input_ids`` / ``loss_mask`` give the training view: the prompt tokens (mask 0) followed by
-    the generated tokens (mask 1, EOS included when the model stopped by itself).
-
-    Example:
-        >>> t = Turn(prompt_token_ids=[5, 6], token_ids=[7, 2], logprobs=[-0.5, -0.1], text="x")
-        >>> t.input_ids, t.loss_mask
-        ([5, 6, 7, 2], [0, 0, 1, 1])
-    """
-
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    action: str | None = None
-    format_ok: bool = True
-    action_valid: bool = True
-    reward: float = 0.0
-    finish_reason: str = ""
-    observation: str = ""  # what the agent saw before this reply
-    ask: AskRecord | None = None  # set when the reply asked the knowledge base (no env step)
-    usage_tokens: int = 0  # the reply's tokens as a server counted them, where no ids came back
-
-    @property
-    def generated_tokens(self) -> int:
-        """The reply's tokens: its ids, else the server's count."""
-        return len(self.token_ids) or self.usage_tokens
-
-    @property
-    def input_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.token_ids
-
-    @property
-    def loss_mask(self) -> list[int]:
-        return [0] * len(self.prompt_token_ids) + [1] * len(self.token_ids)
-
-
-@dataclass
-class GateRecord:
-    """The actor-critic gate's turn of an episode: the actor's verdict on the experience shown,
-    its critic score (accept 1, refine 0.5, reject -1; a malformed reply is accept with
-    ``format_ok`` false), the restated experience (refine) and the reply itself, which the actor
-    is trained on with the episode's advantage."""
-
-    verdict: Verdict
-    critic: float
-    turn: Turn
-    knowledge: str = ""
-    format_ok: bool = True
-
-
-@dataclass
-class Trajectory:
-    """A finished episode.
-
-    ``task_id`` names the task (the env's ``info["task_id"]``, else ``ENV_ID:SEED``).
-    ``reward`` is the episode return (env rewards plus format penalties), ``won`` and ``score``
-    the env's verdict, ``steps`` the number of agent turns that count toward the step limit
-    (answered asks do not), ``experience_ids`` the bank entries shown to the agent (for the
-    extractor's credit; kept when the gate rejected them), ``gate`` the actor-critic gate's turn,
-    ``transcript`` the episode as text (the extractor's input), ``system`` the system prompt a
-    model agent saw (empty for scripted agents), ``final_observation`` what the env showed after
-    the last action. ``error`` is set when the env itself failed; such an episode is not a
-    sample of the policy.
-    """
-
-    env_id: str
-    seed: int
-    group_id: int = 0
-    use_experience: bool = False
-    task: str = ""
-    task_id: str = ""
-    turns: list[Turn] = field(default_factory=list)
-    reward: float = 0.0
-    won: bool = False
-    score: float = 0.0
-    steps: int = 0
-    experience_ids: list[str] = field(default_factory=list)
-    transcript: str = ""
-    format_failures: int = 0
-    invalid_actions: int = 0
-    terminated: bool = False
-    truncated: bool = False
-    error: str = ""
-    gate: GateRecord | None = None
-    system: str = ""
-    final_observation: str = ""
-
-    @property
-    def generated_tokens(self) -> int:
-        gate = self.gate.turn.generated_tokens if self.gate is not None else 0
-        return gate + sum(t.generated_tokens for t in self.turns)
-
-    @property
-    def asks(self) -> list[AskRecord]:
-        """The episode's ask turns, answered or not."""
-        return [t.ask for t in self.turns if t.ask is not None]
+__all__ = ["RolloutConfig", "RolloutEngine"]
 
 
 @dataclass
@@ -210,151 +90,6 @@ class RolloutConfig:
     """Asks answered per episode; later ones are refused."""
     max_query_chars: int = 1_000
     """A longer query is cut to this many characters before it is sent."""
-
-
-def make_env(env_id: str, retriever: Any = None, experience_k: int = 1, **kwargs: Any) -> gym.Env:
-    """``gym.make(env_id)``, wrapped in ``ExperienceAugmentation`` when a retriever is given."""
-    env = gym.make(env_id, **kwargs)
-    if retriever is not None:
-        from crl_wrappers.experience import ExperienceAugmentation
-
-        env = ExperienceAugmentation(env, retriever, k=experience_k, placement="instructions")
-    return env
-
-
-def task_id_of(env_id: str, seed: int, info: dict[str, Any]) -> str:
-    """The env's own task id when it has one (e.g. an SWE-bench instance), else ``ENV_ID:SEED``."""
-    return str(info.get("task_id") or f"{env_id}:{seed}")
-
-
-def _gate_line(gate: GateRecord) -> str:
-    if gate.verdict == "reject":
-        return "[Lessons] the agent rejected the lessons it was given and played without them"
-    if gate.verdict == "refine":
-        return f"[Lessons] the agent refined the lessons it was given into: {gate.knowledge}"
-    return "[Lessons] the agent accepted the lessons it was given"
-
-
-def transcript_of(task: str, turns: Sequence[Turn], won: bool, score: float,
-                  gate: GateRecord | None = None) -> str:
-    """The episode as plain text: task, the gate's verdict when there was one, then each
-    observation and action (or ask), then the outcome."""
-    lines = [f"Task: {task}"] if task else []
-    if gate is not None:
-        lines.append(_gate_line(gate))
-    for index, turn in enumerate(turns, start=1):
-        lines.append(f"[Observation {index}]\n{turn.observation}")
-        if turn.ask is not None:
-            action = f"(asked the knowledge base: {turn.ask.query})"
-        else:
-            action = turn.action if turn.format_ok else "(reply not in the answer format)"
-        lines.append(f"[Action {index}] {action}")
-    lines.append(f"[Outcome] {'success' if won else 'failure'} (score {score:g})")
-    return "\n".join(lines)
-
-
-class LiveEpisode:
-    """One episode being played: its env, its conversation (the prompts exactly as the engine
-    renders them) and its trajectory so far. The engine drives it; so does the warm start,
-    which replays scripted oracles through the same rendering.
-
-    ``tools``: a block appended to the system prompt (the search-and-ask instructions of a
-    guided episode). ``answer_format``: how the system prompt asks the agent to answer
-    (``prompting.ANSWER_FORMAT``; the TRL adapter's asks for a tool call). ``experience`` is the experience text the system prompt carries;
-    ``set_experience`` replaces it before the first turn (the actor-critic gate's verdict).
-
-    Text enters the prompts as valid Unicode (``clean_text``): a lone surrogate, which a JSON
-    escape in a model's reply or a foreign env can produce, makes a tokenizer raise, and would
-    end every episode of the batch with it.
-    """
-
-    def __init__(self, spec: EpisodeSpec, env: gym.Env, history: int | None,
-                 tools: str = "", answer_format: str = ANSWER_FORMAT) -> None:
-        self.spec = spec
-        self.env = env
-        self.history = history
-        self.tools = tools
-        self.answer_format = answer_format
-        self.max_turns = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 50
-        self.trajectory = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience)
-        self.conversation = Conversation("", history)
-        self.observation = ""  # what the agent sees next (the state, or a note and the state)
-        self.state = ""  # the env's latest observation
-        self.info: dict[str, Any] = {}  # the env's info of the latest reset or step
-        self.done = False
-        self.instructions = ""  # the env's instructions without the experience block
-        self.experience = ""
-        self.task_line = ""  # the task, when the observation does not already state it
-        self.answered_asks = 0
-        self._placed = False  # the wrapper placed the experience block into the instructions
-
-    def reset(self, with_experience_option: bool) -> None:
-        options = dict(self.spec.options or {})
-        if with_experience_option:
-            options["use_experience"] = self.spec.use_experience
-        observation, info = self.env.reset(seed=self.spec.seed, options=options)
-        self.info = info
-        instructions = clean_text(info.get("instructions")
-                                  or getattr(self.env.unwrapped, "instructions", ""))
-        experience = clean_text(info.get("experience", "") or "")
-        observation = clean_text(observation)
-        # The wrapper appends "HEADER\nEXPERIENCE" to the instructions; it is kept apart so that
-        # the gate can remove or restate it, and put back in the same place otherwise.
-        block = f"{DEFAULT_HEADER}\n{experience}"
-        self._placed = bool(experience) and instructions.endswith(block)
-        if self._placed:
-            instructions = instructions[: -len(block)].removesuffix("\n\n")
-        elif experience in instructions:
-            experience = ""  # already in the instructions some other way
-        self.instructions, self.experience = instructions, experience
-        task = clean_text(info.get("task", "") or "")
-        self.task_line = "" if task in observation else task
-        self.trajectory.task = task
-        self.trajectory.task_id = task_id_of(self.spec.env_id, self.spec.seed, info)
-        self.trajectory.experience_ids = list(info.get("experience_ids", []))
-        self.conversation = Conversation(self._system(), self.history)
-        self.state = observation
-        self.observe(observation)
-
-    def task_prompt(self) -> str:
-        """The system prompt without experience or tools (what the gate shows as the task)."""
-        return system_prompt(self.instructions, "", task=self.task_line,
-                             answer_format=self.answer_format)
-
-    def set_experience(self, text: str) -> None:
-        """Replace the experience of the system prompt (before the first turn)."""
-        self.experience = clean_text(text)
-        self.conversation.system = self._system()
-
-    def _system(self) -> str:
-        instructions, experience = self.instructions, self.experience
-        if self._placed:
-            if experience:
-                block = f"{DEFAULT_HEADER}\n{experience}"
-                instructions = f"{instructions}\n\n{block}" if instructions else block
-            experience = ""
-        system = system_prompt(instructions, experience, task=self.task_line,
-                               answer_format=self.answer_format)
-        return f"{system}\n\n{self.tools}" if self.tools else system
-
-    def observe(self, observation: str) -> None:
-        self.observation = clean_text(observation)
-        self.conversation.observe(self.observation)
-
-    def step(self, turn: Turn) -> None:
-        observation, reward, terminated, truncated, info = self.env.step(turn.action)
-        self.info = info
-        turn.reward = float(reward)
-        turn.action_valid = bool(info.get("action_valid", True))
-        traj = self.trajectory
-        traj.reward += float(reward)
-        traj.won = bool(info.get("won", traj.won))
-        traj.score = float(info.get("score", traj.score))
-        traj.invalid_actions += not turn.action_valid
-        traj.terminated, traj.truncated = bool(terminated), bool(truncated)
-        self.done = terminated or truncated
-        self.state = clean_text(observation)
-        self.observe(self.state)
 
 
 class _RetrieveOnly:

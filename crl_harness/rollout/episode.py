@@ -1,0 +1,144 @@
+"""One episode being played, and the env it is played on.
+
+Holds:
+- ``LiveEpisode``: an episode's env, its conversation (the prompts exactly as the engine renders
+  them) and its trajectory so far; the engine drives it, and so do the warm start and the TRL
+  adapter;
+- ``make_env``: ``gym.make``, wrapped in ``ExperienceAugmentation`` when a retriever is given;
+- ``task_id_of``: an episode's task id (the env's own, else ``ENV_ID:SEED``).
+
+Importing it registers the CRL env ids (``crl_envs``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+import crl_envs  # noqa: F401  (registers the CRL ids)
+from crl_harness.experience.bank import clean_text
+from crl_harness.prompting import ANSWER_FORMAT, Conversation, system_prompt
+from crl_harness.rollout.records import EpisodeSpec, Trajectory, Turn
+from crl_wrappers.experience import DEFAULT_HEADER
+
+__all__ = ["LiveEpisode", "make_env", "task_id_of"]
+
+
+def make_env(env_id: str, retriever: Any = None, experience_k: int = 1, **kwargs: Any) -> gym.Env:
+    """``gym.make(env_id)``, wrapped in ``ExperienceAugmentation`` when a retriever is given."""
+    env = gym.make(env_id, **kwargs)
+    if retriever is not None:
+        from crl_wrappers.experience import ExperienceAugmentation
+
+        env = ExperienceAugmentation(env, retriever, k=experience_k, placement="instructions")
+    return env
+
+
+def task_id_of(env_id: str, seed: int, info: dict[str, Any]) -> str:
+    """The env's own task id when it has one (e.g. an SWE-bench instance), else ``ENV_ID:SEED``."""
+    return str(info.get("task_id") or f"{env_id}:{seed}")
+
+
+class LiveEpisode:
+    """One episode being played: its env, its conversation (the prompts exactly as the engine
+    renders them) and its trajectory so far. The engine drives it; so does the warm start,
+    which replays scripted oracles through the same rendering.
+
+    ``tools``: a block appended to the system prompt (the search-and-ask instructions of a
+    guided episode). ``answer_format``: how the system prompt asks the agent to answer
+    (``prompting.ANSWER_FORMAT``; the TRL adapter's asks for a tool call). ``experience`` is the experience text the system prompt carries;
+    ``set_experience`` replaces it before the first turn (the actor-critic gate's verdict).
+
+    Text enters the prompts as valid Unicode (``clean_text``): a lone surrogate, which a JSON
+    escape in a model's reply or a foreign env can produce, makes a tokenizer raise, and would
+    end every episode of the batch with it.
+    """
+
+    def __init__(self, spec: EpisodeSpec, env: gym.Env, history: int | None,
+                 tools: str = "", answer_format: str = ANSWER_FORMAT) -> None:
+        self.spec = spec
+        self.env = env
+        self.history = history
+        self.tools = tools
+        self.answer_format = answer_format
+        self.max_turns = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 50
+        self.trajectory = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience)
+        self.conversation = Conversation("", history)
+        self.observation = ""  # what the agent sees next (the state, or a note and the state)
+        self.state = ""  # the env's latest observation
+        self.info: dict[str, Any] = {}  # the env's info of the latest reset or step
+        self.done = False
+        self.instructions = ""  # the env's instructions without the experience block
+        self.experience = ""
+        self.task_line = ""  # the task, when the observation does not already state it
+        self.answered_asks = 0
+        self._placed = False  # the wrapper placed the experience block into the instructions
+
+    def reset(self, with_experience_option: bool) -> None:
+        options = dict(self.spec.options or {})
+        if with_experience_option:
+            options["use_experience"] = self.spec.use_experience
+        observation, info = self.env.reset(seed=self.spec.seed, options=options)
+        self.info = info
+        instructions = clean_text(info.get("instructions")
+                                  or getattr(self.env.unwrapped, "instructions", ""))
+        experience = clean_text(info.get("experience", "") or "")
+        observation = clean_text(observation)
+        # The wrapper appends "HEADER\nEXPERIENCE" to the instructions; it is kept apart so that
+        # the gate can remove or restate it, and put back in the same place otherwise.
+        block = f"{DEFAULT_HEADER}\n{experience}"
+        self._placed = bool(experience) and instructions.endswith(block)
+        if self._placed:
+            instructions = instructions[: -len(block)].removesuffix("\n\n")
+        elif experience in instructions:
+            experience = ""  # already in the instructions some other way
+        self.instructions, self.experience = instructions, experience
+        task = clean_text(info.get("task", "") or "")
+        self.task_line = "" if task in observation else task
+        self.trajectory.task = task
+        self.trajectory.task_id = task_id_of(self.spec.env_id, self.spec.seed, info)
+        self.trajectory.experience_ids = list(info.get("experience_ids", []))
+        self.conversation = Conversation(self._system(), self.history)
+        self.state = observation
+        self.observe(observation)
+
+    def task_prompt(self) -> str:
+        """The system prompt without experience or tools (what the gate shows as the task)."""
+        return system_prompt(self.instructions, "", task=self.task_line,
+                             answer_format=self.answer_format)
+
+    def set_experience(self, text: str) -> None:
+        """Replace the experience of the system prompt (before the first turn)."""
+        self.experience = clean_text(text)
+        self.conversation.system = self._system()
+
+    def _system(self) -> str:
+        instructions, experience = self.instructions, self.experience
+        if self._placed:
+            if experience:
+                block = f"{DEFAULT_HEADER}\n{experience}"
+                instructions = f"{instructions}\n\n{block}" if instructions else block
+            experience = ""
+        system = system_prompt(instructions, experience, task=self.task_line,
+                               answer_format=self.answer_format)
+        return f"{system}\n\n{self.tools}" if self.tools else system
+
+    def observe(self, observation: str) -> None:
+        self.observation = clean_text(observation)
+        self.conversation.observe(self.observation)
+
+    def step(self, turn: Turn) -> None:
+        observation, reward, terminated, truncated, info = self.env.step(turn.action)
+        self.info = info
+        turn.reward = float(reward)
+        turn.action_valid = bool(info.get("action_valid", True))
+        traj = self.trajectory
+        traj.reward += float(reward)
+        traj.won = bool(info.get("won", traj.won))
+        traj.score = float(info.get("score", traj.score))
+        traj.invalid_actions += not turn.action_valid
+        traj.terminated, traj.truncated = bool(terminated), bool(truncated)
+        self.done = terminated or truncated
+        self.state = clean_text(observation)
+        self.observe(self.state)

@@ -1,0 +1,132 @@
+"""What an episode is and what was played in it: the records the rollout engine fills and the
+trainer reads.
+
+Holds:
+- ``EpisodeSpec``: one episode to play (env and seed, GRPO group, experience on or off);
+- ``Turn``: one model reply, with the token ids, log-probs and loss mask the trainer needs;
+- ``GateRecord``: the actor-critic gate's turn of an episode;
+- ``Trajectory``: a finished episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from crl_harness.experience.ask import AskRecord
+from crl_harness.experience.gate import Verdict
+
+__all__ = ["EpisodeSpec", "Turn", "GateRecord", "Trajectory"]
+
+
+@dataclass
+class EpisodeSpec:
+    """One episode to play: which env and seed, its GRPO group, and whether experience is on."""
+
+    env_id: str
+    seed: int
+    group_id: int = 0
+    use_experience: bool = False
+    options: dict[str, Any] | None = None
+
+
+@dataclass
+class Turn:
+    """One model reply and what it did.
+
+    ``input_ids`` / ``loss_mask`` give the training view: the prompt tokens (mask 0) followed by
+    the generated tokens (mask 1, EOS included when the model stopped by itself).
+
+    Example:
+        >>> t = Turn(prompt_token_ids=[5, 6], token_ids=[7, 2], logprobs=[-0.5, -0.1], text="x")
+        >>> t.input_ids, t.loss_mask
+        ([5, 6, 7, 2], [0, 0, 1, 1])
+    """
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    action: str | None = None
+    format_ok: bool = True
+    action_valid: bool = True
+    reward: float = 0.0
+    finish_reason: str = ""
+    observation: str = ""  # what the agent saw before this reply
+    ask: AskRecord | None = None  # set when the reply asked the knowledge base (no env step)
+    usage_tokens: int = 0  # the reply's tokens as a server counted them, where no ids came back
+
+    @property
+    def generated_tokens(self) -> int:
+        """The reply's tokens: its ids, else the server's count."""
+        return len(self.token_ids) or self.usage_tokens
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.token_ids
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [0] * len(self.prompt_token_ids) + [1] * len(self.token_ids)
+
+
+@dataclass
+class GateRecord:
+    """The actor-critic gate's turn of an episode: the actor's verdict on the experience shown,
+    its critic score (accept 1, refine 0.5, reject -1; a malformed reply is accept with
+    ``format_ok`` false), the restated experience (refine) and the reply itself, which the actor
+    is trained on with the episode's advantage."""
+
+    verdict: Verdict
+    critic: float
+    turn: Turn
+    knowledge: str = ""
+    format_ok: bool = True
+
+
+@dataclass
+class Trajectory:
+    """A finished episode.
+
+    ``task_id`` names the task (the env's ``info["task_id"]``, else ``ENV_ID:SEED``).
+    ``reward`` is the episode return (env rewards plus format penalties), ``won`` and ``score``
+    the env's verdict, ``steps`` the number of agent turns that count toward the step limit
+    (answered asks do not), ``experience_ids`` the bank entries shown to the agent (for the
+    extractor's credit; kept when the gate rejected them), ``gate`` the actor-critic gate's turn,
+    ``transcript`` the episode as text (the extractor's input), ``system`` the system prompt a
+    model agent saw (empty for scripted agents), ``final_observation`` what the env showed after
+    the last action. ``error`` is set when the env itself failed; such an episode is not a
+    sample of the policy.
+    """
+
+    env_id: str
+    seed: int
+    group_id: int = 0
+    use_experience: bool = False
+    task: str = ""
+    task_id: str = ""
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    won: bool = False
+    score: float = 0.0
+    steps: int = 0
+    experience_ids: list[str] = field(default_factory=list)
+    transcript: str = ""
+    format_failures: int = 0
+    invalid_actions: int = 0
+    terminated: bool = False
+    truncated: bool = False
+    error: str = ""
+    gate: GateRecord | None = None
+    system: str = ""
+    final_observation: str = ""
+
+    @property
+    def generated_tokens(self) -> int:
+        gate = self.gate.turn.generated_tokens if self.gate is not None else 0
+        return gate + sum(t.generated_tokens for t in self.turns)
+
+    @property
+    def asks(self) -> list[AskRecord]:
+        """The episode's ask turns, answered or not."""
+        return [t.ask for t in self.turns if t.ask is not None]

@@ -1,0 +1,38 @@
+"""An episode as plain text (the extractor's input).
+
+Holds ``transcript_of`` and ``_gate_line`` (the actor-critic gate's verdict as one line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from crl_harness.rollout.records import GateRecord, Turn
+
+__all__ = ["transcript_of"]
+
+
+def _gate_line(gate: GateRecord) -> str:
+    if gate.verdict == "reject":
+        return "[Lessons] the agent rejected the lessons it was given and played without them"
+    if gate.verdict == "refine":
+        return f"[Lessons] the agent refined the lessons it was given into: {gate.knowledge}"
+    return "[Lessons] the agent accepted the lessons it was given"
+
+
+def transcript_of(task: str, turns: Sequence[Turn], won: bool, score: float,
+                  gate: GateRecord | None = None) -> str:
+    """The episode as plain text: task, the gate's verdict when there was one, then each
+    observation and action (or ask), then the outcome."""
+    lines = [f"Task: {task}"] if task else []
+    if gate is not None:
+        lines.append(_gate_line(gate))
+    for index, turn in enumerate(turns, start=1):
+        lines.append(f"[Observation {index}]\n{turn.observation}")
+        if turn.ask is not None:
+            action = f"(asked the knowledge base: {turn.ask.query})"
+        else:
+            action = turn.action if turn.format_ok else "(reply not in the answer format)"
+        lines.append(f"[Action {index}] {action}")
+    lines.append(f"[Outcome] {'success' if won else 'failure'} (score {score:g})")
+    return "\n".join(lines)
