@@ -1,6 +1,8 @@
 """The Complementary RL training loop (docs/method.md; the step: docs/design.md), top to bottom.
 
-Holds ``Trainer``. One step:
+Holds ``Trainer``, the loop; the parts it is handed are in ``crl_harness.training``: the rows the
+learners train on and the relative credit (``batches``), the learners (``learner``), what a step
+logs (``step_metrics``, ``metrics``), checkpoints and resuming (``checkpoint``). One step:
 
 1. flush the Experience Manager (pending bank updates land before the rollout phase);
 2. draw ``groups_per_step`` task seeds from the mixture; G rollouts per seed, the first
@@ -39,7 +41,7 @@ import random
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,101 +49,28 @@ import numpy as np
 import torch
 
 from crl_harness.config import TrainConfig, config_to_dict, updated_lesson_steps
-from crl_harness.eval import paired_difference
-from crl_harness.experience import (
-    CRITIC_SCORES,
-    DistillationRequest,
-    GenerationReward,
-    episode_credit,
-    free_baselines,
-    gated_credit,
-)
-from crl_harness.losses import (
-    cispo_loss,
-    extractor_advantages,
-    grpo_loss,
-    sequence_token_weights,
-    subgroup_advantages,
-)
+from crl_harness.experience import DistillationRequest, GenerationReward
+from crl_harness.losses import cispo_loss, extractor_advantages, grpo_loss, sequence_token_weights
 from crl_harness.models import load_backend
-from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
-from crl_harness.training.checkpoint import Checkpointer, rng_state, set_rng_state
+from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from crl_harness.training.batches import actor_rows, credit_relative
+from crl_harness.training.checkpoint import (
+    Checkpointer,
+    RunState,
+    checkpoint_to_resume,
+    load_checkpoint,
+    save_merged_actor,
+    write_checkpoint,
+)
 from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats
-from crl_harness.training.metrics import MetricsLogger, plot_learning_curve, short_env_name
-from crl_harness.training.packing import pack_turns
+from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
 from crl_harness.training.run_directory import ResumeError, RunDirectory, RunDirectoryError
 from crl_harness.training.sampler import TaskSampler
+from crl_harness.training.step_metrics import step_metrics
 from crl_harness.training.vllm_sync import SyncedVLLM
 
 __all__ = ["Trainer", "ResumeError", "RunDirectoryError"]
-
-def _mean(values: Sequence[float]) -> float:
-    return float(np.mean(values)) if len(values) else float("nan")
-
-
-def _guided_free_pairs(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Guided against free inside the same groups, as the counts of a ``PairedDifference``
-    (A free, B guided): the j-th guided episode of a group is paired with its j-th free one
-    (same level, same weights), so summing the counts over steps and runs pools the pairs."""
-    by_group: dict[int, tuple[list[bool], list[bool]]] = defaultdict(lambda: ([], []))
-    for t in trajectories:
-        by_group[t.group_id][0 if t.use_experience else 1].append(t.won)
-    pairs = [(g, f) for guided, free in by_group.values()
-             for g, f in zip(guided, free, strict=False)]  # an env failure leaves one unpaired
-    d = paired_difference([f for _, f in pairs], [g for g, _ in pairs])
-    return {"pairs/guided_free": d.n, "pairs/free_wins": d.a_wins, "pairs/guided_wins": d.b_wins,
-            "pairs/free_only": d.only_a, "pairs/guided_only": d.only_b}
-
-
-def _format_failure_rate(trajectories: Sequence[Trajectory]) -> float:
-    """Replies outside the answer format over the turns played."""
-    return sum(t.format_failures for t in trajectories) / max(sum(t.steps for t in trajectories), 1)
-
-
-def _env_metrics(trajectories: Sequence[Trajectory], uses_experience: bool) -> dict[str, float]:
-    """Per env of the mixture (``short_env_name``): ``success/ENV``, ``format_failure_rate/ENV``
-    (``_format_failure_rate``, as ``rollout/format_failure_rate``) and, in the arms that use
-    experience, ``success/ENV/guided`` and ``success/ENV/free``."""
-    by_env: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajectories:
-        by_env[short_env_name(t.env_id)].append(t)
-    m: dict[str, float] = {}
-    for env, part in by_env.items():
-        m[f"success/{env}"] = _mean([float(t.won) for t in part])
-        m[f"format_failure_rate/{env}"] = _format_failure_rate(part)
-        if uses_experience:
-            for name, flag in (("guided", True), ("free", False)):
-                m[f"success/{env}/{name}"] = _mean([float(t.won) for t in part
-                                                    if t.use_experience == flag])
-    return m
-
-
-def _gate_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """The actor-critic gate's verdicts this step: their rates over the gated episodes, the
-    malformed verdicts (counted as accept) and the mean credit given to the entries judged."""
-    gated = [t for t in trajectories if t.gate is not None]
-    m = {f"gate/{verdict}_rate": _mean([float(t.gate.verdict == verdict) for t in gated])
-         for verdict in CRITIC_SCORES}
-    m["gate/episodes"] = len(gated)
-    m["gate/format_failures"] = sum(not t.gate.format_ok for t in gated)
-    m["gate/entry_credit"] = _mean([gated_credit(1.0 if t.won else t.score, t.gate.critic)
-                                    for t in gated if t.experience_ids])
-    return m
-
-
-def _ask_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Search-and-ask this step: asks per guided episode (answered, refused, empty), queries
-    cut, and the mean credit of the extractor generations that answered."""
-    guided = [t for t in trajectories if t.use_experience]
-    asks = [a for t in guided for a in t.asks]
-    m = {"ask/per_episode": _mean([len(t.asks) for t in guided])}
-    for status in ("answered", "refused", "empty"):
-        m[f"ask/{status}"] = sum(a.status == status for a in asks)
-    m["ask/queries_cut"] = sum(a.cut for a in asks)
-    m["ask/answer_credit"] = _mean([episode_credit(1.0 if t.won else t.score)
-                                    for t in guided for a in t.asks if a.generation_id])
-    return m
 
 
 class Trainer:
@@ -184,7 +113,7 @@ class Trainer:
         self.checkpoints = Checkpointer(self.run_dir, self.run.run_id,
                                         keep=cfg.run.keep_checkpoints)
         self.last_checkpoint: Path | None = None
-        checkpoint = self._checkpoint_to_resume() if resume else None
+        checkpoint = checkpoint_to_resume(self.checkpoints, cfg.arm) if resume else None
         if not resume and cfg.experience.initial_bank and cfg.uses_experience \
                 and not Path(cfg.experience.initial_bank).is_file():
             raise RunDirectoryError(f"experience.initial_bank {cfg.experience.initial_bank}: no "
@@ -221,7 +150,10 @@ class Trainer:
         self.counters: dict[str, float] = defaultdict(float)
         self.step = 0
         if checkpoint is not None:
-            self._load_checkpoint(checkpoint)
+            resumed = load_checkpoint(checkpoint, actor=self.actor, extractor=self.extractor,
+                                      experience=self.experience)
+            self.awaiting_training, self.step = resumed.awaiting_training, resumed.step
+            self.counters.update(resumed.counters)
         self.metrics = MetricsLogger(self.run_dir, tensorboard=cfg.run.tensorboard,
                                      resume_step=self.step if resume else None)
 
@@ -284,7 +216,7 @@ class Trainer:
         trajectories = [t for t in results if not t.error]
         times["rollout"] = time.perf_counter() - t0
         if self.experience is not None and cfg.experience.credit == "relative":
-            self._credit_relative(trajectories)
+            credit_relative(self.experience, trajectories)
 
         # 3. Finished trajectories of the guided slots go to the Experience Manager at once: their
         #    distillation runs in the background while the actor trains (the two tracks of
@@ -299,11 +231,11 @@ class Trainer:
 
         # 4. Actor: GRPO with advantages inside each subgroup, frozen during its warm-up.
         t0 = time.perf_counter()
-        actor_stats = None
+        actor_stats, packed_fraction = None, float("nan")
         if not actor_frozen:
+            rows, packed_fraction = actor_rows(trajectories, normalize_std=cfg.actor.normalize_std)
             actor_stats = self.actor.update(
-                self._actor_rows(trajectories),
-                functools.partial(grpo_loss, clip_eps=cfg.actor.clip_eps))
+                rows, functools.partial(grpo_loss, clip_eps=cfg.actor.clip_eps))
         times["actor_update"] = time.perf_counter() - t0
 
         # 5. Extractor: each used generation's reward is the mean credit of all the episodes
@@ -324,7 +256,11 @@ class Trainer:
                            extractor_stats is not None and extractor_stats.rows > 0)
         times["sync"] = time.perf_counter() - t0
         self._check_logprob_gap(actor_stats, extractor_stats)
-        metrics = self._step_metrics(trajectories, actor_stats, extractor_stats, times)
+        metrics = step_metrics(
+            cfg, trajectories, actor_stats, extractor_stats, times,
+            experience_stats=self.experience.stats() if self.experience is not None else None,
+            awaiting_training=self.awaiting_training, packed_fraction=packed_fraction,
+            counters=self.counters)
         metrics["actor/warmup"] = float(actor_frozen)
         if self.experience is not None:
             metrics["experience/warmup"] = float(not retrieving)
@@ -354,51 +290,6 @@ class Trainer:
             for index, draw in enumerate(self.sampler.sample(step))
             for j in range(t.group_size)
         ]
-
-    def _actor_rows(self, trajectories: list[Trajectory]) -> list[TrainingRow]:
-        """One row per trajectory when its prompts only grow (``pack_turns``), else one per
-        turn; either way every row of a trajectory carries its token weight, the trajectory
-        being the sequence of "sequence-mean then batch-mean"."""
-        self.packed_fraction = float("nan")  # of the trajectories trained this step
-        if not trajectories:
-            return []
-        advantages = subgroup_advantages(
-            [t.reward for t in trajectories],
-            [(t.group_id, t.use_experience) for t in trajectories],
-            normalize_std=self.cfg.actor.normalize_std)
-        weights = sequence_token_weights(
-            torch.tensor([t.generated_tokens for t in trajectories]))
-        rows, trained, packed = [], 0, 0
-        for traj, advantage, weight in zip(trajectories, advantages.tolist(), weights.tolist(),
-                                           strict=True):
-            if advantage == 0.0:  # contributes exactly nothing to the loss or its gradient
-                continue
-            parts = pack_turns(traj.turns)
-            trained += bool(parts)
-            packed += bool(parts) and parts[0].packed
-            # The gate's verdict is a chat of its own (not a prefix of the episode's): one more
-            # row, with the episode's advantage, so the actor learns to judge experience too.
-            if traj.gate is not None:
-                parts += pack_turns([traj.gate.turn])
-            rows.extend(TrainingRow(p.prompt_ids, p.completion_ids, p.old_logprobs, advantage,
-                                    weight, p.completion_mask) for p in parts)
-        if trained:
-            self.packed_fraction = packed / trained
-        return rows
-
-    def _credit_relative(self, trajectories: list[Trajectory]) -> None:
-        """``experience.credit: relative``: each guided episode shown entries credits their
-        writers with its score minus its group's free subgroup's mean score (the engine, which
-        credits an episode as it ends, left them to this step: the group had to finish)."""
-        assert self.experience is not None
-        score = {id(t): 1.0 if t.won else t.score for t in trajectories}
-        baselines = free_baselines((t.group_id, t.use_experience, score[id(t)])
-                                   for t in trajectories)
-        for t in trajectories:
-            if t.use_experience and t.experience_ids and t.group_id in baselines:
-                self.experience.report_outcome(
-                    list(t.experience_ids), score[id(t)],
-                    t.gate.critic if t.gate is not None else None, baselines[t.group_id])
 
     def _extractor_step(self) -> UpdateStats | None:
         """Train the extractor once ``train_after`` used generations wait, then release them."""
@@ -445,148 +336,20 @@ class Trainer:
         self.counters["extractor/nonzero_advantages"] += len(rows)
         return stats
 
-    def _step_metrics(self, trajectories: list[Trajectory], actor: UpdateStats | None,
-                      extractor: UpdateStats | None, times: dict[str, float]) -> dict[str, float]:
-        cfg, m = self.cfg, {}
-        won = [float(t.won) for t in trajectories]
-        m["success/all"] = _mean(won)
-        m["episodes/all"] = len(won)  # with the rates, pooled intervals over runs
-        m["reward/all"] = _mean([t.reward for t in trajectories])
-        if self.cfg.uses_experience:
-            for name, flag in (("guided", True), ("free", False)):
-                part = [t for t in trajectories if t.use_experience == flag]
-                m[f"success/{name}"] = _mean([float(t.won) for t in part])
-                m[f"episodes/{name}"] = len(part)
-                m[f"reward/{name}"] = _mean([t.reward for t in part])
-            m.update(_guided_free_pairs(trajectories))
-        m.update(_env_metrics(trajectories, cfg.uses_experience))
-        m["rollout/format_failure_rate"] = _format_failure_rate(trajectories)
-        m["rollout/generated_tokens"] = sum(t.generated_tokens for t in trajectories)
-        m["rollout/episodes"] = len(trajectories)
-        if actor is not None:
-            m["loss/actor"] = actor.loss
-            m["clip/actor"] = actor.clip_fraction
-            m["grad_norm/actor"] = actor.grad_norm
-            # sampler vs learner log-probs of the trained tokens, before the step
-            m["actor/logprob_gap_mean"] = actor.logprob_gap_mean
-            m["actor/logprob_gap_max"] = actor.logprob_gap_max
-            m["actor/logprob_gap_over_bound"] = float(
-                actor.logprob_gap_mean > cfg.actor.max_logprob_gap)
-            # trajectories trained as one packed row (the rest: one row per turn)
-            m["actor/packed_fraction"] = self.packed_fraction
-        if extractor is not None:
-            m["loss/extractor"] = extractor.loss
-            m["clip/extractor"] = extractor.clip_fraction
-            m["grad_norm/extractor"] = extractor.grad_norm
-            m["extractor/trained_generations"] = extractor.rows
-            m["extractor/logprob_gap_mean"] = extractor.logprob_gap_mean
-            m["extractor/logprob_gap_max"] = extractor.logprob_gap_max
-            m["extractor/logprob_gap_over_bound"] = float(
-                extractor.logprob_gap_mean > cfg.extractor.max_logprob_gap)
-        if self.experience is not None:
-            stats = self.experience.stats()
-            m["bank/size"] = stats["bank_size"]
-            m["extractor/format_failures"] = stats["format_failures"]
-            m["extractor/distillations"] = stats["distillations"]
-            m["extractor/buffered"] = self.awaiting_training
-            m["experience/retrieved_per_guided"] = _mean(
-                [len(t.experience_ids) for t in trajectories if t.use_experience])
-            if cfg.experience.actor_critic_gate:
-                m.update(_gate_metrics(trajectories))
-            if cfg.experience.search_and_ask:
-                m.update(_ask_metrics(trajectories))
-                m["extractor/ask_format_failures"] = stats["ask_format_failures"]
-        m.update(self.counters)
-        for key, value in times.items():
-            m[f"time/{key}"] = value
-        return m
-
     # ================================================================== checkpoints
+    # What a checkpoint holds, and resuming from one: ``crl_harness.training.checkpoint``.
     def save_checkpoint(self) -> Path:
         """Atomically write models, optimisers, bank, extractor buffer, RNG states and step."""
-        self.last_checkpoint = self.checkpoints.save(self.step, self._write_checkpoint)
+        state = RunState(self.step, self.awaiting_training, dict(self.counters))
+        self.last_checkpoint = self.checkpoints.save(self.step, functools.partial(
+            write_checkpoint, state=state, cfg=self.cfg, actor=self.actor,
+            tokenizer=self.tokenizer, extractor=self.extractor, experience=self.experience))
         return self.last_checkpoint
-
-    def _write_checkpoint(self, directory: Path) -> None:
-        torch.save({"model": self.actor.trainable_state_dict(), **self.actor.optimizer_state()},
-                   directory / "actor.pt")
-        if self.extractor is not None:
-            torch.save({"model": self.extractor.trainable_state_dict(),
-                        **self.extractor.optimizer_state()}, directory / "extractor.pt")
-        # The generations awaiting training (with their credit so far) are in the ledger export.
-        bank_entries = self.experience.export_state(directory) if self.experience else 0
-        torch.save({"rng": rng_state(), "awaiting_training": self.awaiting_training},
-                   directory / "trainer_state.pt")
-        # The actor for `crl eval hf:DIR`: its LoRA adapters alone (fp32, megabytes; loaded
-        # merged into their base) when its base is a plain model, else a plain transformers
-        # checkpoint (full fine-tuning, or fresh adapters on an adapter folder merged at load).
-        base = self._actor_adapter_base()
-        if base is not None:
-            self.actor.save_adapter(directory / "actor_hf", base)
-        else:
-            self.actor.save_merged(directory / "actor_hf")
-        self.tokenizer.save_pretrained(directory / "actor_hf")
-        (directory / "state.json").write_text(json.dumps({
-            "step": self.step, "name": self.cfg.name, "arm": self.cfg.arm,
-            "bank_entries": bank_entries, "counters": dict(self.counters),
-        }, indent=2))
-
-    def _actor_adapter_base(self) -> str | None:
-        """The base model a checkpoint's actor adapters name (``actor.model``: a short name or
-        a shipped ``assets/...`` path as written, another local path made absolute), or None
-        when the actor trains no adapters or its model is an adapter folder merged at load."""
-        from crl_harness.models.model_folder import is_adapter_folder
-        from crl_harness.models.names import MODELS, resolve_model_path
-
-        if self.actor.lora is None:
-            return None
-        name = self.cfg.actor.model.removeprefix("hf:")
-        path = Path(resolve_model_path(name)).expanduser()
-        if is_adapter_folder(path):
-            return None
-        if name in MODELS or name.startswith("assets/") or not path.exists():
-            return name
-        return str(path.resolve())
 
     def save_merged_actor(self, directory: Path) -> Path:
         """Export the actor as one plain transformers model, LoRA adapters merged in fp32
         (``crl eval`` and vLLM read it without peft)."""
-        directory = Path(directory)
-        self.actor.save_merged(directory)
-        self.tokenizer.save_pretrained(directory)
-        return directory
-
-    def _checkpoint_to_resume(self) -> Path:
-        checkpoint = self.checkpoints.latest()
-        if checkpoint is None:
-            raise ResumeError(f"--resume: no checkpoint of run {self.run.run_id} under "
-                              f"{self.checkpoints.root}; start over with --overwrite.")
-        state = json.loads((checkpoint / "state.json").read_text())
-        if state["arm"] != self.cfg.arm:
-            raise ResumeError(f"{checkpoint} is a checkpoint of arm '{state['arm']}', not "
-                              f"'{self.cfg.arm}'; resume with the same config.")
-        return checkpoint
-
-    def _load_checkpoint(self, checkpoint: Path) -> None:
-        state = json.loads((checkpoint / "state.json").read_text())
-        # Loaded to the CPU: a run checkpointed on a GPU resumes anywhere; the learners copy
-        # weights and AdamW's state onto their parameters' device.
-        actor = torch.load(checkpoint / "actor.pt", map_location="cpu", weights_only=False)
-        self.actor.load_trainable_state_dict(actor["model"])
-        self.actor.load_optimizer_state(actor)
-        if self.extractor is not None:
-            extractor = torch.load(checkpoint / "extractor.pt", map_location="cpu",
-                                   weights_only=False)
-            self.extractor.load_trainable_state_dict(extractor["model"])
-            self.extractor.load_optimizer_state(extractor)
-        if self.experience is not None:
-            self.experience.import_ledger(checkpoint)
-        trainer_state = torch.load(checkpoint / "trainer_state.pt", map_location="cpu",
-                                   weights_only=False)
-        self.awaiting_training = int(trainer_state.get("awaiting_training", 0))
-        set_rng_state(trainer_state["rng"])
-        self.counters.update(state["counters"])
-        self.step = int(state["step"])
+        return save_merged_actor(self.actor, self.tokenizer, directory)
 
     # ================================================================== where things run
     # One process here; ``crl_harness.training.ray_backend.RayTrainer`` moves the rollouts and

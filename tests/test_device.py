@@ -96,9 +96,9 @@ HOST_SIDE = {
     ("crl_harness/losses.py", "subgroup_advantages"):
         "rewards are Python floats; the trainer reads the advantages back as floats",
     ("crl_harness/losses.py", "extractor_advantages"): "as subgroup_advantages",
-    ("crl_harness/trainer.py", "Trainer._actor_rows"):
+    ("crl_harness/training/batches.py", "actor_rows"):
         "token counts for the per-token weights, read back as floats into TrainingRow",
-    ("crl_harness/trainer.py", "Trainer._update_extractor"): "as Trainer._actor_rows",
+    ("crl_harness/trainer.py", "Trainer._update_extractor"): "as actor_rows (training/batches.py)",
     ("crl_harness/training/learner.py", "PolicyLearner.token_logprobs"):
         "padded on the host element by element, then one .to(self.device) each",
     ("crl_harness/models/hf.py", "HFBackend._decode"):

@@ -364,10 +364,8 @@ def test_relative_credit_on_a_hand_made_group(bank):
     its score minus its group's free mean once the step's rollouts end. A lesson used on a level
     every free episode wins earns nothing for the level's ease; the paper's outcome credit would
     give it +1."""
-    from types import SimpleNamespace
-
     from crl_harness.rollout import Trajectory
-    from crl_harness.trainer import Trainer
+    from crl_harness.training.batches import credit_relative
 
     with ExperienceManager(bank) as manager:
         for generation in ("g-hard", "g-easy"):
@@ -383,7 +381,7 @@ def test_relative_credit_on_a_hand_made_group(bank):
                  episode(0, False, False), episode(0, False, False),            # free mean 0
                  episode(1, True, True, easy), episode(1, True, True, easy),    # guided: 1, 1
                  episode(1, False, True), episode(1, False, True)]              # free mean 1
-        Trainer._credit_relative(SimpleNamespace(experience=manager), group)
+        credit_relative(manager, group)
         rewards = {r.generation_id: (r.reward, r.n_uses) for r in manager.generation_rewards()}
         assert rewards == {"g-hard": (0.5, 2), "g-easy": (0.0, 2)}
         # the paper's outcome credit of the same episodes: the easy level's lesson looks best

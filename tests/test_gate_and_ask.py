@@ -28,6 +28,7 @@ from crl_harness.models.base import encode_chat  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
 from crl_harness.rollout import EpisodeSpec, RolloutEngine  # noqa: E402
 from crl_harness.trainer import Trainer  # noqa: E402
+from crl_harness.training.batches import actor_rows  # noqa: E402
 from crl_wrappers.experience import DEFAULT_HEADER  # noqa: E402
 
 torch.set_num_threads(1)
@@ -322,8 +323,7 @@ def test_loss_masks_cover_the_gate_and_ask_replies(tokenizer, manager):
         played.append(_play(actor, manager, actor_critic_gate=True, search_and_ask=True,
                             env_kwargs={SOKOBAN: {"max_episode_steps": 4}} if fail else {}))
     assert [t.won for t in played] == [True, False]  # one subgroup, two rewards: A != 0
-    trainer = SimpleNamespace(cfg=load_config(None, []))
-    rows = Trainer._actor_rows(trainer, played)
+    rows, _ = actor_rows(played, normalize_std=load_config(None, []).actor.normalize_std)
 
     def trained_spans(row):
         mask = row.completion_mask or [1] * len(row.completion_ids)

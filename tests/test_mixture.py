@@ -22,9 +22,9 @@ from crl_harness.experience import AddEntry, ExperienceBank, ExperienceManager
 from crl_harness.heldout import env_cases, evaluate_levels
 from crl_harness.models.tiny import build_tiny_model
 from crl_harness.rollout import EpisodeSpec, RolloutEngine, Trajectory
-from crl_harness.trainer import Trainer
 from crl_harness.training.metrics import MetricsLogger, curve_panels, plot_learning_curve
 from crl_harness.training.sampler import TaskSampler
+from crl_harness.training.step_metrics import step_metrics
 from crl_wrappers import ExperienceAugmentation
 from crl_wrappers.experience import retrieval_query
 
@@ -95,9 +95,8 @@ def _trajectory(env_id, group, guided, won, steps=4, format_failures=0):
 
 
 def _metrics(trajectories, uses_experience):
-    trainer = SimpleNamespace(cfg=SimpleNamespace(uses_experience=uses_experience),
-                              experience=None, counters={})
-    return Trainer._step_metrics(trainer, trajectories, None, None, {})
+    cfg = SimpleNamespace(uses_experience=uses_experience)
+    return step_metrics(cfg, trajectories, None, None, {}, counters={})
 
 
 def test_step_metrics_log_success_guided_free_and_format_failures_per_env():

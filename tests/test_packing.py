@@ -20,10 +20,11 @@ from crl_harness.models import HFBackend  # noqa: E402
 from crl_harness.models.base import Generation, encode_chat  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
 from crl_harness.rollout import EpisodeSpec, RolloutEngine, Trajectory, Turn  # noqa: E402
-from crl_harness.trainer import Trainer  # noqa: E402
 from crl_harness.training import packing  # noqa: E402
+from crl_harness.training.batches import actor_rows  # noqa: E402
 from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats  # noqa: E402
 from crl_harness.training.packing import pack_turns  # noqa: E402
+from crl_harness.training.step_metrics import step_metrics  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -253,10 +254,8 @@ def test_trainer_rows_pack_what_packs_and_report_the_fraction(backend):
     full.reward, window.reward = 1.0, 0.0
     zero = _play(backend, seed=1)
     zero.group_id, zero.reward = 1, 0.5  # alone in its subgroup: advantage 0, not trained
-    trainer = SimpleNamespace(cfg=SimpleNamespace(
-        actor=SimpleNamespace(normalize_std=False, max_logprob_gap=0.1)))
-    rows = Trainer._actor_rows(trainer, [full, window, zero])
-    assert trainer.packed_fraction == 0.5
+    rows, packed_fraction = actor_rows([full, window, zero], normalize_std=False)
+    assert packed_fraction == 0.5
     assert len(rows) == 1 + len(window.turns)
     weights = sequence_token_weights(torch.tensor([full.generated_tokens,
                                                    window.generated_tokens,
@@ -265,10 +264,9 @@ def test_trainer_rows_pack_what_packs_and_report_the_fraction(backend):
     assert rows[0].token_weight == pytest.approx(float(weights[0]))
     assert all(r.completion_mask is None and r.advantage == -0.5
                and r.token_weight == pytest.approx(float(weights[1])) for r in rows[1:])
-    trainer.counters, trainer.experience = {}, None
-    trainer.cfg.uses_experience = False
-    metrics = Trainer._step_metrics(trainer, [full, window, zero], UpdateStats(0.0, 0.0, 0.0, 1, 1),
-                                    None, {})
+    cfg = SimpleNamespace(uses_experience=False, actor=SimpleNamespace(max_logprob_gap=0.1))
+    metrics = step_metrics(cfg, [full, window, zero], UpdateStats(0.0, 0.0, 0.0, 1, 1), None, {},
+                           packed_fraction=packed_fraction, counters={})
     assert metrics["actor/packed_fraction"] == 0.5
-    Trainer._actor_rows(trainer, [])
-    assert math.isnan(trainer.packed_fraction)  # nothing trained
+    rows, packed_fraction = actor_rows([], normalize_std=False)
+    assert rows == [] and math.isnan(packed_fraction)  # nothing trained

@@ -36,6 +36,7 @@ from crl_harness.losses import grpo_loss
 from crl_harness.models.base import encode_chat
 from crl_harness.models.tiny import build_tiny_model
 from crl_harness.trainer import ResumeError, Trainer
+from crl_harness.training.batches import actor_rows
 from crl_harness.training.metrics import read_metrics
 from crl_harness.training.run_directory import RunDirectory
 
@@ -191,7 +192,7 @@ def test_grpo_update_raises_the_rewarded_episodes_and_lowers_the_others(models, 
     trainer = Trainer(cfg)
     played = trainer.rollouts.run(trainer._episode_specs(1, retrieve=False))
     rewarded = [dataclasses.replace(t, reward=float(i % 2)) for i, t in enumerate(played)]
-    rows = trainer._actor_rows(rewarded)
+    rows, _ = actor_rows(rewarded, normalize_std=cfg.actor.normalize_std)
     assert {r.advantage for r in rows} == {0.5, -0.5}
     before = _completion_logprob_sums(trainer.actor, rows)
     trainer.actor.update(rows, functools.partial(grpo_loss, clip_eps=cfg.actor.clip_eps))

@@ -1,13 +1,16 @@
-"""Atomic checkpoints of a training run, and the RNG states they carry.
+"""Atomic checkpoints of a training run, what the trainer writes in them, and resuming from them.
 
 Holds ``Checkpointer`` (``save`` writes into a temporary directory that is renamed into place
 only when complete, so a run killed at any moment leaves either the old checkpoint or the new
-one, never half of one), ``checkpoint_run_id``, ``rng_state`` / ``set_rng_state``.
+one, never half of one), ``checkpoint_run_id``, ``rng_state`` / ``set_rng_state``; the trainer's
+side: ``RunState`` (step, counters, extractor buffer), ``write_checkpoint``,
+``checkpoint_to_resume``, ``load_checkpoint``, ``actor_adapter_base`` and ``save_merged_actor``.
 
-Layout: ``RUN_DIR/checkpoints/step-000010/`` holds whatever the trainer writes there (models,
-optimiser states, the bank export, the extractor's reward buffer, ``rng.pt``, ``state.json``) and
-``checkpoint.json``, the id of the run that wrote it: a checkpointer lists, loads and prunes only
-its own run's checkpoints.
+Layout: ``RUN_DIR/checkpoints/step-000010/`` holds whatever the trainer writes there
+(``write_checkpoint``: models and optimiser states ``actor.pt`` / ``extractor.pt``, the bank and
+ledger export, ``trainer_state.pt`` with the RNG states and the extractor's buffer, the actor for
+``crl eval`` in ``actor_hf/``, ``state.json``) and ``checkpoint.json``, the id of the run that
+wrote it: a checkpointer lists, loads and prunes only its own run's checkpoints.
 """
 
 from __future__ import annotations
@@ -19,13 +22,22 @@ import random
 import re
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-__all__ = ["Checkpointer", "checkpoint_run_id", "rng_state", "set_rng_state"]
+from crl_harness.training.run_directory import ResumeError
+
+if TYPE_CHECKING:
+    from crl_harness.config import TrainConfig
+    from crl_harness.training.learner import PolicyLearner
+
+__all__ = ["Checkpointer", "checkpoint_run_id", "rng_state", "set_rng_state", "RunState",
+           "write_checkpoint", "checkpoint_to_resume", "load_checkpoint", "actor_adapter_base",
+           "save_merged_actor"]
 
 _NAME = re.compile(r"^step-(\d{6,})$")
 OWNER_FILE = "checkpoint.json"
@@ -142,3 +154,109 @@ class Checkpointer:
         for old in self.all()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+
+# ---------------------------------------------------------------------------- the trainer's
+@dataclass
+class RunState:
+    """What a checkpoint carries of the trainer besides its models, optimisers, bank and RNG
+    states: the step, its counters and the used extractor generations not trained yet."""
+
+    step: int
+    awaiting_training: int
+    counters: dict[str, float]
+
+
+def write_checkpoint(directory: Path, state: RunState, *, cfg: TrainConfig,
+                     actor: PolicyLearner, tokenizer: Any, extractor: PolicyLearner | None,
+                     experience: Any) -> None:
+    """Write models, optimisers, bank, extractor buffer, RNG states and step into
+    ``directory`` (``Checkpointer.save``'s ``write``)."""
+    torch.save({"model": actor.trainable_state_dict(), **actor.optimizer_state()},
+               directory / "actor.pt")
+    if extractor is not None:
+        torch.save({"model": extractor.trainable_state_dict(),
+                    **extractor.optimizer_state()}, directory / "extractor.pt")
+    # The generations awaiting training (with their credit so far) are in the ledger export.
+    bank_entries = experience.export_state(directory) if experience else 0
+    torch.save({"rng": rng_state(), "awaiting_training": state.awaiting_training},
+               directory / "trainer_state.pt")
+    # The actor for `crl eval hf:DIR`: its LoRA adapters alone (fp32, megabytes; loaded
+    # merged into their base) when its base is a plain model, else a plain transformers
+    # checkpoint (full fine-tuning, or fresh adapters on an adapter folder merged at load).
+    base = actor_adapter_base(cfg.actor.model, actor.lora)
+    if base is not None:
+        actor.save_adapter(directory / "actor_hf", base)
+    else:
+        actor.save_merged(directory / "actor_hf")
+    tokenizer.save_pretrained(directory / "actor_hf")
+    (directory / "state.json").write_text(json.dumps({
+        "step": state.step, "name": cfg.name, "arm": cfg.arm,
+        "bank_entries": bank_entries, "counters": dict(state.counters),
+    }, indent=2))
+
+
+def actor_adapter_base(model: str, lora: Any) -> str | None:
+    """The base model a checkpoint's actor adapters name (``actor.model``: a short name or
+    a shipped ``assets/...`` path as written, another local path made absolute), or None
+    when the actor trains no adapters (``lora``: the learner's) or its model is an adapter
+    folder merged at load."""
+    from crl_harness.models.model_folder import is_adapter_folder
+    from crl_harness.models.names import MODELS, resolve_model_path
+
+    if lora is None:
+        return None
+    name = model.removeprefix("hf:")
+    path = Path(resolve_model_path(name)).expanduser()
+    if is_adapter_folder(path):
+        return None
+    if name in MODELS or name.startswith("assets/") or not path.exists():
+        return name
+    return str(path.resolve())
+
+
+def save_merged_actor(actor: PolicyLearner, tokenizer: Any, directory: Path) -> Path:
+    """Export the actor as one plain transformers model, LoRA adapters merged in fp32
+    (``crl eval`` and vLLM read it without peft)."""
+    directory = Path(directory)
+    actor.save_merged(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def checkpoint_to_resume(checkpoints: Checkpointer, arm: str) -> Path:
+    """The checkpoint ``--resume`` continues from: the run's latest, which must be of ``arm``."""
+    checkpoint = checkpoints.latest()
+    if checkpoint is None:
+        raise ResumeError(f"--resume: no checkpoint of run {checkpoints.run_id} under "
+                          f"{checkpoints.root}; start over with --overwrite.")
+    state = json.loads((checkpoint / "state.json").read_text())
+    if state["arm"] != arm:
+        raise ResumeError(f"{checkpoint} is a checkpoint of arm '{state['arm']}', not "
+                          f"'{arm}'; resume with the same config.")
+    return checkpoint
+
+
+def load_checkpoint(checkpoint: Path, *, actor: PolicyLearner, extractor: PolicyLearner | None,
+                    experience: Any) -> RunState:
+    """Load ``write_checkpoint``'s models, optimisers, ledger and RNG states back into the
+    given parts; returns the trainer's ``RunState``."""
+    state = json.loads((checkpoint / "state.json").read_text())
+    # Loaded to the CPU: a run checkpointed on a GPU resumes anywhere; the learners copy
+    # weights and AdamW's state onto their parameters' device.
+    actor_state = torch.load(checkpoint / "actor.pt", map_location="cpu", weights_only=False)
+    actor.load_trainable_state_dict(actor_state["model"])
+    actor.load_optimizer_state(actor_state)
+    if extractor is not None:
+        extractor_state = torch.load(checkpoint / "extractor.pt", map_location="cpu",
+                                     weights_only=False)
+        extractor.load_trainable_state_dict(extractor_state["model"])
+        extractor.load_optimizer_state(extractor_state)
+    if experience is not None:
+        experience.import_ledger(checkpoint)
+    trainer_state = torch.load(checkpoint / "trainer_state.pt", map_location="cpu",
+                               weights_only=False)
+    set_rng_state(trainer_state["rng"])
+    return RunState(step=int(state["step"]),
+                    awaiting_training=int(trainer_state.get("awaiting_training", 0)),
+                    counters=state["counters"])
