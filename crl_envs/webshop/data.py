@@ -3,7 +3,8 @@
 Holds:
 - ``Catalogue``: the products (as upstream ``load_products`` builds them), the text upstream
   indexes for search, and the fixed price of every product.
-- ``load_catalogue``: read a dataset directory found by ``crl_envs.data.resolve_data``.
+- ``load_catalogue``: read a dataset directory found by ``data_directory`` (which asks
+  ``crl_envs.data.resolve_data``).
 
 Two product files are understood: upstream's raw ``items_shuffle_1000.json`` (what upstream's
 ``setup.sh -d small`` downloads) and ``docs_1k.jsonl`` (the documents of upstream's small Lucene
@@ -29,7 +30,8 @@ from typing import Any
 
 from crl_envs.data import DataNotFoundError, resolve_data
 
-__all__ = ["Catalogue", "load_catalogue", "RAW_PRODUCTS", "INDEX_DOCS", "ATTRIBUTES"]
+__all__ = ["Catalogue", "load_catalogue", "data_directory", "RAW_PRODUCTS", "INDEX_DOCS",
+           "ATTRIBUTES"]
 
 RAW_PRODUCTS = "items_shuffle_1000.json"
 INDEX_DOCS = "docs_1k.jsonl"
@@ -144,11 +146,11 @@ def _product_prices(products: list[dict[str, Any]], rng: random.Random) -> dict[
     return prices
 
 
-def load_catalogue(path: str | os.PathLike | None = None, price_seed: int = 0) -> Catalogue:
-    """Load the small WebShop catalogue from ``path`` or the standard data places.
+def data_directory(path: str | os.PathLike | None = None) -> Path:
+    """The WebShop data directory: ``path`` or the standard data places, with the attribute file
+    and one of the product files.
 
-    Raises ``DataNotFoundError`` (naming ``crl data fetch webshop``) when no directory holds the
-    attribute file and one of the product files.
+    Raises ``DataNotFoundError`` (naming ``crl data fetch webshop``) when no directory holds them.
     """
     directory = resolve_data("webshop", path, required=(ATTRIBUTES,))
     if not (directory / RAW_PRODUCTS).exists() and not (directory / INDEX_DOCS).exists():
@@ -156,6 +158,16 @@ def load_catalogue(path: str | os.PathLike | None = None, price_seed: int = 0) -
             f"Dataset 'webshop' in {directory} has neither {RAW_PRODUCTS} nor {INDEX_DOCS}. "
             "Run `crl data fetch webshop`, or set $CRL_DATA_DIR to a folder holding 'webshop/'."
         )
+    return directory
+
+
+def load_catalogue(path: str | os.PathLike | None = None, price_seed: int = 0) -> Catalogue:
+    """Load the small WebShop catalogue from ``path`` or the standard data places.
+
+    Raises ``DataNotFoundError`` (naming ``crl data fetch webshop``) when no directory holds the
+    attribute file and one of the product files.
+    """
+    directory = data_directory(path)
     products, texts = _read_products(directory)
     with open(directory / ATTRIBUTES, encoding="utf-8") as handle:
         annotations = json.load(handle)

@@ -89,9 +89,9 @@ class WebShopSite:
 
     Example (needs the WebShop data):
         >>> from crl_envs.webshop.env import shared_resources
-        >>> res = shared_resources()  # doctest: +SKIP
-        >>> site = WebShopSite(res.catalogue, res.engine, res.nouns, res.goals[0])  # doctest: +SKIP
-        >>> site.search("toothbrush"); site.page  # doctest: +SKIP
+        >>> res = shared_resources()
+        >>> site = WebShopSite(res.catalogue, res.engine, res.nouns, res.goals[0])
+        >>> site.search("toothbrush"); site.page
         'search_results'
     """
 

@@ -112,12 +112,12 @@ class WebShopEnv(TextEnv):
 
     Example (needs the WebShop data):
         >>> import gymnasium as gym, crl_envs
-        >>> env = gym.make("CRL/WebShop-v0")  # doctest: +SKIP
-        >>> obs, info = env.reset(seed=0, options={"split": "test"})  # doctest: +SKIP
-        >>> obs.startswith("WebShop [SEP] Instruction: [SEP] ")  # doctest: +SKIP
+        >>> env = gym.make("CRL/WebShop-v0")
+        >>> obs, info = env.reset(seed=0, options={"split": "test"})
+        >>> obs.startswith("WebShop [SEP] Instruction: [SEP] ")
         True
-        >>> obs, reward, terminated, truncated, info = env.step("click[buy now]")  # doctest: +SKIP
-        >>> info["action_valid"]  # doctest: +SKIP
+        >>> obs, reward, terminated, truncated, info = env.step("click[buy now]")
+        >>> info["action_valid"]
         False
     """
 
