@@ -41,7 +41,7 @@ import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
 from crl_envs.errors import missing_extra
-from crl_harness.experience.bank import clean_text
+from crl_harness.experience.entries import clean_text
 from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env
 
 __all__ = ["CRLEnvironment", "environment_factory", "tasks_dataset", "TOOL_FORMAT"]

@@ -232,7 +232,7 @@ def _models(cfg: Any, problems: list[str]) -> tuple[list[ModelPlan], Any]:
 def _envs(cfg: Any, tokenizer: Any, problems: list[str]) -> list[EnvPlan]:
     """Make and reset every env of the mixture once, on the first training seed."""
     import crl_envs  # noqa: F401 - registers the CRL ids
-    from crl_harness.experience.bank import clean_text
+    from crl_harness.experience.entries import clean_text
     from crl_harness.models.base import encode_chat
     from crl_harness.prompting import system_prompt
     from crl_harness.rollout import make_env

@@ -2,6 +2,9 @@
 asynchronous Experience Manager (docs/method.md, "The experience bank" and "The Experience
 Manager and its asynchronous loop").
 
+- ``entries``: ``ExperienceEntry``, the bank's changes (``AddEntry``, ``DeleteEntries``,
+  ``VoteEntry``), ``ApplyResult`` and ``clean_text``.
+- ``bank_file``: the bank's SQLite file (layout, checks, writer lock) and ``BankError``.
 - ``bank``: ``ExperienceBank`` (SQLite WAL, crash-safe, FIFO capacity, JSONL export/import).
 - ``retrieval``: BM25 (bm25s) and dense indexes, the diversity re-rank, ``RetrievalConfig``.
 - ``operations``: the operation types and the strict parser of extractor answers.
@@ -16,15 +19,8 @@ Manager and its asynchronous loop").
 """
 
 from crl_harness.experience.ask import AskAnswer, AskRecord, parse_ask
-from crl_harness.experience.bank import (
-    AddEntry,
-    ApplyResult,
-    BankError,
-    DeleteEntries,
-    ExperienceBank,
-    ExperienceEntry,
-    VoteEntry,
-)
+from crl_harness.experience.bank import ExperienceBank
+from crl_harness.experience.bank_file import BankError
 from crl_harness.experience.credit import (
     CreditLedger,
     GenerationReward,
@@ -34,6 +30,13 @@ from crl_harness.experience.credit import (
     gated_credit,
 )
 from crl_harness.experience.distill import DistillationRequest, distill_prompt
+from crl_harness.experience.entries import (
+    AddEntry,
+    ApplyResult,
+    DeleteEntries,
+    ExperienceEntry,
+    VoteEntry,
+)
 from crl_harness.experience.gate import CRITIC_SCORES, GateVerdict, parse_verdict
 from crl_harness.experience.locks import ReadWriteLock
 from crl_harness.experience.manager import ExperienceManager, ManagerConfig

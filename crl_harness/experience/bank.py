@@ -1,34 +1,49 @@
 """The experience bank: a persistent, crash-safe store of distilled experience entries.
 
-Holds:
-- ``ExperienceEntry``: one entry (title + content) of one env partition, with its bookkeeping.
-- ``AddEntry``, ``DeleteEntries``, ``VoteEntry``: the primitive changes; ``ExperienceBank.apply``
-  runs a list of them as ONE transaction (the paper's refine is a delete plus an add).
-- ``ApplyResult``: what a transaction added, deleted and evicted.
-- ``ExperienceBank``: SQLite in WAL mode (an acknowledged write survives ``kill -9``), with an
-  in-memory mirror for fast reads, first-in-first-out eviction at a ``capacity`` stored with the
-  bank, one writing process at a time (others may open it ``read_only``) and JSONL export/import.
-- ``BankError``: a file that is not a bank, a second writer, or a capacity that would evict.
+Holds ``ExperienceBank``: SQLite in WAL mode (an acknowledged write survives ``kill -9``), with an
+in-memory mirror for fast reads, first-in-first-out eviction at a ``capacity`` stored with the
+bank, one writing process at a time (others may open it ``read_only``) and JSONL export/import.
+
+The records and changes it applies (``ExperienceEntry``, ``AddEntry``, ``DeleteEntries``,
+``VoteEntry``, ``ApplyResult``, ``clean_text``) live in ``entries``; the file's layout, its
+checks, its writer lock and ``BankError`` in ``bank_file``. They are imported here too, where
+they have always been importable from.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
-import re
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
-from urllib.parse import quote
 
-from crl_envs.errors import UserFacingError
+from crl_harness.experience.bank_file import (
+    _COLUMNS,
+    _FORMAT,
+    _SCHEMA,
+    BankError,
+    _bank_error,
+    _check_is_bank,
+    _read_only_uri,
+    _row,
+    _writer_lock,
+)
+from crl_harness.experience.entries import (
+    AddEntry,
+    ApplyResult,
+    BankChange,
+    DeleteEntries,
+    ExperienceEntry,
+    VoteEntry,
+    _cleaned,
+    clean_text,
+)
 
 __all__ = [
     "BankError",
@@ -43,107 +58,8 @@ __all__ = [
     "clean_text",
 ]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT UNIQUE NOT NULL,
-    env_id TEXT NOT NULL,
-    title TEXT NOT NULL,
-    content TEXT NOT NULL,
-    generation_id TEXT,
-    created_step INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    retrieval_count INTEGER NOT NULL DEFAULT 0,
-    last_retrieved_at REAL,
-    votes INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS entries_env ON entries (env_id, seq);
-CREATE TABLE IF NOT EXISTS bank_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-# Written into bank_meta; a bank from before it (no bank_meta table) still opens.
-_FORMAT = "crl-experience-bank/1"
-# The tables a bank file may hold; any other table means the file is something else.
-_BANK_TABLES = {"entries", "bank_meta", "sqlite_sequence"}
 DEFAULT_CAPACITY = 20_000
 _BUSY_TIMEOUT_S = 30.0  # a reader's checkpoint may hold the file briefly; wait, don't fail
-_COLUMNS = (
-    "id", "env_id", "title", "content", "generation_id", "created_step", "created_at",
-    "retrieval_count", "last_retrieved_at", "votes",
-)
-
-
-class BankError(UserFacingError, ValueError):
-    """The bank cannot be opened or written as asked; the message says what to do instead."""
-
-
-@dataclass(frozen=True)
-class ExperienceEntry:
-    """One piece of distilled experience, in the partition of one env.
-
-    ``generation_id`` is the extractor output that wrote it (credit goes there when it is used).
-
-    Example:
-        >>> entry = ExperienceEntry("e1", "CRL/Sokoban-v0", "Corners", "Never push a box into a corner.")
-        >>> entry.text
-        'Corners: Never push a box into a corner.'
-    """
-
-    id: str
-    env_id: str
-    title: str
-    content: str
-    generation_id: str | None = None
-    created_step: int = 0
-    created_at: float = 0.0
-    retrieval_count: int = 0
-    last_retrieved_at: float | None = None
-    votes: int = 0
-
-    @property
-    def text(self) -> str:
-        """The entry as the actor reads it."""
-        return f"{self.title}: {self.content}"
-
-
-@dataclass(frozen=True)
-class AddEntry:
-    """Add a new entry to ``env_id``'s partition."""
-
-    env_id: str
-    title: str
-    content: str
-    generation_id: str | None = None
-    step: int = 0
-
-
-@dataclass(frozen=True)
-class DeleteEntries:
-    """Delete entries by id (ids already gone are skipped)."""
-
-    ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class VoteEntry:
-    """Add ``delta`` to an entry's votes; an entry whose votes go negative is deleted."""
-
-    id: str
-    delta: int
-
-
-BankChange = AddEntry | DeleteEntries | VoteEntry
-
-
-@dataclass
-class ApplyResult:
-    """What one ``apply`` transaction did (``added`` also lists entries that the same
-    transaction evicted again, which ``evicted`` lists too)."""
-
-    added: list[ExperienceEntry] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
-    evicted: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    envs: set[str] = field(default_factory=set)  # partitions whose content changed
 
 
 class ExperienceBank:
@@ -560,116 +476,3 @@ class ExperienceBank:
         if entry is not None:
             self._partitions[entry.env_id].pop(entry_id, None)
             self._stats_dirty.discard(entry_id)
-
-
-def _row(entry: ExperienceEntry) -> tuple:
-    """The entry's column values, in ``_COLUMNS`` order."""
-    return tuple(getattr(entry, name) for name in _COLUMNS)
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def clean_text(text: str) -> str:
-    """``text`` as valid Unicode: a surrogate pair becomes its character, a lone surrogate
-    (a model's broken output, a JSON escape) U+FFFD, so SQLite and UTF-8 files accept it.
-
-    Example:
-        >>> clean_text("ok " + chr(0xD800)) == "ok " + chr(0xFFFD)
-        True
-        >>> clean_text(chr(0xD83D) + chr(0xDE00)) == chr(0x1F600)
-        True
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"Entry text must be str, got {type(text).__name__}.")
-    if _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _cleaned(entry: ExperienceEntry) -> ExperienceEntry:
-    """An imported entry with its text fields made valid Unicode."""
-    return replace(entry, id=clean_text(entry.id), env_id=clean_text(entry.env_id),
-                   title=clean_text(entry.title), content=clean_text(entry.content),
-                   generation_id=None if entry.generation_id is None
-                   else clean_text(entry.generation_id))
-
-
-def _check_is_bank(path: Path, must_exist: bool) -> None:
-    """Raise ``BankError`` unless ``path`` is an experience bank (or, when it need not exist, an
-    empty file); reads through a read-only connection, so a foreign file is left as it was."""
-    if not path.exists():
-        if must_exist:
-            raise BankError(f"No experience bank at {path}.")
-        return
-    not_a_bank = f"{path} is not an experience bank"
-    try:
-        probe = sqlite3.connect(_read_only_uri(path), uri=True)
-    except sqlite3.Error as err:
-        raise BankError(f"Cannot open {path} ({err}).") from err
-    try:
-        tables = {name for (name,) in probe.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        columns = {row[1] for row in probe.execute("PRAGMA table_info(entries)")}
-        version = None
-        if "bank_meta" in tables:
-            row = probe.execute("SELECT value FROM bank_meta WHERE key = 'format'").fetchone()
-            version = row[0] if row else None
-    except sqlite3.DatabaseError as err:  # "file is not a database", unreadable
-        raise BankError(f"{not_a_bank} ({err}).") from err
-    finally:
-        probe.close()
-    if not tables and not must_exist:
-        return  # an empty SQLite file: nothing to lose, it becomes a bank
-    if "entries" not in tables or tables - _BANK_TABLES or not set(_COLUMNS) <= columns:
-        raise BankError(f"{not_a_bank} (its tables are {sorted(tables) or 'none'}); it was "
-                        "left untouched. Give the path of a bank.sqlite or a new file.")
-    if version not in (None, _FORMAT):
-        raise BankError(f"{path} is a bank of format {version!r}; this version reads {_FORMAT!r}.")
-
-
-def _read_only_uri(path: Path) -> str:
-    """The URI that opens ``path`` read-only. Reading a WAL bank needs its ``-shm`` file, which
-    SQLite creates beside it: where the folder cannot be written (a read-only file system, a
-    shipped bank, a colleague's run folder) and no writer has one open, the file is opened
-    immutable, which needs none (and nothing can change it there)."""
-    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
-    if not Path(f"{path}-shm").exists() and not os.access(path.parent, os.W_OK):
-        uri += "&immutable=1"
-    return uri
-
-
-def _bank_error(path: Path, err: OSError | sqlite3.DatabaseError) -> Exception:
-    """What a failed read or write of the bank at ``path`` says: a full disk is an ``OSError``
-    (ENOSPC: the commands' one line, status 1); a read-only file or folder and a damaged file
-    are a ``BankError``; other errors stay as they are."""
-    code = getattr(err, "sqlite_errorname", "") or ""
-    if code == "SQLITE_FULL" or getattr(err, "errno", None) == errno.ENOSPC:
-        return OSError(errno.ENOSPC, "No space left on device: the experience bank's last write "
-                       "was rolled back (what it acknowledged before is kept); free some space",
-                       str(path))
-    if code.startswith("SQLITE_READONLY") or getattr(err, "errno", None) in (errno.EROFS,
-                                                                             errno.EACCES):
-        return BankError(f"Cannot write the experience bank {path}: read-only file system or "
-                         "folder. Open it read-only (crl eval --experience does), or copy it to "
-                         "a folder you can write.")
-    if code in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
-        return BankError(f"The experience bank {path} is damaged ({err}); restore it from a copy "
-                         "or a checkpoint's bank.jsonl.")
-    return err
-
-
-def _writer_lock(path: Path):
-    """An exclusive lock on ``PATH.lock``, held while this bank is open for writing: each writer
-    mirrors the bank in memory, so a second one would evict, vote and delete blind."""
-    lock_path = Path(f"{path}.lock")
-    handle = open(lock_path, "a+")  # noqa: SIM115 - held open for the bank's life
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as err:
-        handle.close()
-        raise BankError(
-            f"The experience bank {path} is open for writing in another process (or another "
-            "ExperienceBank here). Close that one first, or open it with read_only=True "
-            "(crl eval --experience does).") from err
-    return handle

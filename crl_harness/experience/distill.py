@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import TYPE_CHECKING, Any
 
-from crl_harness.experience.bank import (
+from crl_harness.experience.bank import ExperienceBank
+from crl_harness.experience.bank_file import BankError
+from crl_harness.experience.credit import CreditLedger
+from crl_harness.experience.entries import (
     AddEntry,
     BankChange,
-    BankError,
     DeleteEntries,
-    ExperienceBank,
     ExperienceEntry,
     VoteEntry,
 )
-from crl_harness.experience.credit import CreditLedger
 from crl_harness.experience.operations import (
     Add,
     Discard,

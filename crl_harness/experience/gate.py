@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from crl_harness.experience.bank import clean_text
+from crl_harness.experience.entries import clean_text
 from crl_harness.experience.prompts import load_prompt
 from crl_harness.models.base import Message
 from crl_harness.prompting import last_answer_block

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_harness.experience.ask import NO_KNOWLEDGE, AskAnswer, answer_prompt, parse_answer_text
-from crl_harness.experience.bank import ApplyResult, BankChange, ExperienceBank, ExperienceEntry
+from crl_harness.experience.bank import ExperienceBank
 from crl_harness.experience.credit import CreditLedger, GenerationReward
 from crl_harness.experience.distill import (
     DistillationRequest,
@@ -53,6 +53,7 @@ from crl_harness.experience.distill import (
     _numbered,
     distill_prompt,
 )
+from crl_harness.experience.entries import ApplyResult, BankChange, ExperienceEntry
 from crl_harness.experience.locks import ReadWriteLock
 from crl_harness.experience.operations import ParseLimits
 from crl_harness.experience.prompts import load_prompt

@@ -46,7 +46,7 @@ import numpy as np
 import scipy.sparse
 import Stemmer
 
-from crl_harness.experience.bank import ExperienceEntry
+from crl_harness.experience.entries import ExperienceEntry
 
 
 def _import_bm25s_without_jax_or_numba():

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from crl_harness.experience.bank import ExperienceBank, ExperienceEntry
+from crl_harness.experience.bank import ExperienceBank
+from crl_harness.experience.entries import ExperienceEntry
 from crl_harness.experience.locks import ReadWriteLock
 from crl_harness.experience.retrieval import (
     BM25Index,

@@ -43,7 +43,7 @@ from crl_harness.experience.ask import (
     refused_observation,
     tool_instructions,
 )
-from crl_harness.experience.bank import clean_text
+from crl_harness.experience.entries import clean_text
 from crl_harness.experience.gate import gate_messages, parse_verdict
 from crl_harness.models.base import STOP, Generation, ModelBackend
 from crl_harness.prompting import format_error_message, parse_answer

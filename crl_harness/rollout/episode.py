@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
-from crl_harness.experience.bank import clean_text
+from crl_harness.experience.entries import clean_text
 from crl_harness.prompting import ANSWER_FORMAT, Conversation, system_prompt
 from crl_harness.rollout.records import EpisodeSpec, Trajectory, Turn
 from crl_wrappers.experience import DEFAULT_HEADER

@@ -26,7 +26,7 @@ from crl_harness.experience import (
     GenerationReward,
     ManagerConfig,
 )
-from crl_harness.experience.bank import _writer_lock
+from crl_harness.experience.bank_file import _writer_lock
 from crl_harness.experience.retrieval import RetrievalConfig
 from crl_harness.models.base import Generation, ModelBackend
 

@@ -22,8 +22,8 @@ from typing import Any
 from crl_envs.minihack.oracle import moves_along, parse_observation, shortest_walk
 from crl_envs.minihack.render import level_key
 from crl_envs.oracles import make_oracle
-from crl_harness.experience.bank import ExperienceEntry
 from crl_harness.experience.distill import DistillationRequest, distill_prompt
+from crl_harness.experience.entries import ExperienceEntry
 from crl_harness.models.base import encode_chat
 from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env, transcript_of
 from crl_harness.warmstart.reasons import REASONS, random_reason
