@@ -101,10 +101,10 @@ HOST_SIDE = {
     ("crl_harness/trainer.py", "Trainer._update_extractor"): "as actor_rows (training/batches.py)",
     ("crl_harness/training/learner.py", "PolicyLearner.token_logprobs"):
         "padded on the host element by element, then one .to(self.device) each",
-    ("crl_harness/models/hf.py", "HFBackend._decode"):
-        "padded on the host element by element, then one .to(self.device) each",
-    ("crl_harness/models/hf.py", "HFBackend._decode.store_row"):
-        "column indices joined to _decode's host-side ones, then one .to(self.device)",
+    ("crl_harness/models/hf_generation.py", "decode_batch"):
+        "padded on the host element by element, then one .to(backend.device) each",
+    ("crl_harness/models/hf_generation.py", "decode_batch.store_row"):
+        "column indices joined to decode_batch's host-side ones, then one .to(backend.device)",
     ("crl_harness/models/hf.py", "HFBackend.generate_from_ids"):
         "a seed drawn from the CPU random stream, used as an int",
 }

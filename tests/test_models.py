@@ -297,9 +297,10 @@ def test_hardening_a_hub_id_without_the_hub_fails_at_once_in_one_line(monkeypatc
     one line at once (transformers alone retried the hub for about a minute here)."""
     import time
 
-    from crl_harness.models import hf
+    from crl_harness.models import hf_loading
 
-    monkeypatch.setattr(hf, "hub_reachable", lambda timeout=3.0: False)
+    # patched where load_pretrained looks it up
+    monkeypatch.setattr(hf_loading, "hub_reachable", lambda timeout=3.0: False)
     start = time.perf_counter()
     with pytest.raises(ModelNotFoundError) as err:
         HFBackend("someorg/no-such-model-anywhere")
