@@ -27,7 +27,6 @@ from crl_harness.experience import (
     ManagerConfig,
 )
 from crl_harness.experience.bank_file import _writer_lock
-from crl_harness.experience.retrieval import RetrievalConfig
 from crl_harness.models.base import Generation, ModelBackend
 
 __all__ = ["BatchedGenerator", "ExperienceService"]
@@ -127,16 +126,8 @@ class ExperienceService:
         self.generator = BatchedGenerator(extractor, max_new_tokens=max_new_tokens,
                                           temperature=temperature, top_p=top_p,
                                           max_batch=config.max_concurrent_extractions)
-        self.manager = ExperienceManager(self.bank, self.generator, ManagerConfig(
-            retrieval=RetrievalConfig(
-                backend=config.retrieval, candidates=config.candidates,
-                count_penalty=config.count_penalty, demotion_prob=config.demotion_prob,
-                recency_window_s=config.recency_window_s),
-            max_concurrent_extractions=config.max_concurrent_extractions,
-            max_transcript_chars=config.max_transcript_chars,
-            format_failure_reward=format_failure_reward,
-            seed=seed,
-        ))
+        self.manager = ExperienceManager(self.bank, self.generator, ManagerConfig.from_config(
+            config, format_failure_reward=format_failure_reward, seed=seed))
 
     # ------------------------------------------------------------ the manager's interface
     def retrieve(self, env_id: str, query: str, k: int = 1) -> list:
