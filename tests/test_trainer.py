@@ -473,12 +473,12 @@ def test_kill_9_then_resume_continues_from_the_last_checkpoint(models, tmp_path)
 @pytest.mark.slow
 def test_ray_backend_same_semantics(models, tmp_path, alternating_rewards):
     pytest.importorskip("ray")
-    from crl_harness.training.ray_backend import RayTrainer
+    from crl_harness.commands.train import make_trainer
 
     _, initial_bank = _seed_bank(tmp_path)
     cfg = load_config(None, _overrides(models, tmp_path, steps=2) + ["run.backend=ray",
                                                                      initial_bank])
-    trainer = RayTrainer(cfg)
+    trainer = make_trainer(cfg)
     alternating_rewards(trainer)  # reward variance in every group, whatever the workers sampled
     metrics = trainer.train()
     records = read_metrics(tmp_path / "metrics.jsonl")
