@@ -226,11 +226,10 @@ class Trainer:
         #    docs/method.md); during the retrieval warm-up they played without experience, and
         #    fill the bank.
         if self.experience is not None:
-            G, guided = cfg.tasks.group_size, cfg.tasks.guided_per_group
             self.experience.submit([
                 DistillationRequest(t.env_id, t.task, t.transcript, t.won, t.score,
                                     list(t.experience_ids), step)
-                for i, t in enumerate(results) if i % G < guided and not t.error])
+                for t in results if t.guided and not t.error])
 
         # 4. Actor: GRPO with advantages inside each subgroup, frozen during its warm-up.
         t0 = time.perf_counter()
@@ -283,12 +282,13 @@ class Trainer:
 
     # ================================================================== steps of the loop
     def _episode_specs(self, step: int, retrieve: bool = True) -> list[EpisodeSpec]:
-        """G specs per drawn seed, in order; slot j < guided_per_group of a group is the guided
-        one (it retrieves when ``retrieve``)."""
+        """G specs per drawn seed, in order; slot j < guided_per_group of a group is a guided
+        one (``EpisodeSpec.guided``; it retrieves when ``retrieve``), the others free."""
         t = self.cfg.tasks
-        guided = t.guided_per_group if self.cfg.uses_experience and retrieve else 0
+        guided = t.guided_per_group if self.cfg.uses_experience else 0
         return [
-            EpisodeSpec(draw.env_id, draw.seed, group_id=index, use_experience=j < guided,
+            EpisodeSpec(draw.env_id, draw.seed, group_id=index, guided=j < guided,
+                        use_experience=retrieve and j < guided,
                         options=dict(t.envs[draw.env_index].options) or None)
             for index, draw in enumerate(self.sampler.sample(step))
             for j in range(t.group_size)
