@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="delete the run that run.output_dir holds, then start a fresh one")
     parser.add_argument("--backend", choices=["local", "ray"], default=None,
-                        help="shorthand for run.backend=...")
+                        help="where training runs (one process, or Ray actors): "
+                             "shorthand for run.backend=...")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--dry-run", action="store_true",
                         help="check models, data and env kwargs and print the plan (envs, "

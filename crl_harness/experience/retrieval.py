@@ -84,7 +84,7 @@ _STEMMERS = threading.local()  # a PyStemmer object must not be shared between t
 
 
 class EmbeddingModelError(RuntimeError):
-    """The dense backend cannot load its model; the message says what to install."""
+    """The dense index cannot load its embedding model; the message says what to install."""
 
 
 @dataclass(frozen=True)
