@@ -508,9 +508,15 @@ def test_ray_backend_same_semantics(models, tmp_path, alternating_rewards):
     from crl_harness.commands.train import make_trainer
 
     _, initial_bank = _seed_bank(tmp_path)
-    cfg = load_config(None, _overrides(models, tmp_path, steps=2) + ["run.backend=ray",
-                                                                     initial_bank])
+    cfg = load_config(None, _overrides(models, tmp_path, steps=2) + [
+        "run.backend=ray", initial_bank, "extractor.kv_cache_tokens=2048"])
     trainer = make_trainer(cfg)
+    # the service actor's own extractor copy gets the extractor's settings, KV cache included
+    import ray
+
+    service = trainer.experience.handle
+    assert ray.get(service.__ray_call__.remote(
+        lambda s: (s.backend.kv_cache_tokens, s.generator.temperature))) == (2048, 0.5)
     alternating_rewards(trainer)  # reward variance in every group, whatever the workers sampled
     metrics = trainer.train()
     records = read_metrics(tmp_path / "metrics.jsonl")

@@ -27,7 +27,7 @@ from crl_harness.experience import (
     ManagerConfig,
 )
 from crl_harness.experience.bank_file import _writer_lock
-from crl_harness.models.base import Generation, ModelBackend
+from crl_harness.models.base import KV_CACHE_TOKENS, Generation, ModelBackend
 
 __all__ = ["BatchedGenerator", "ExperienceService"]
 
@@ -103,19 +103,20 @@ class ExperienceService:
     """The bank (``run_dir/bank.sqlite``), an ``ExperienceManager`` and the extractor.
 
     ``extractor`` is a backend object (in one process: the very model the extractor learner
-    trains) or a backend spec (a Ray actor builds its own copy, in ``dtype``,
-    and receives new weights through ``load_extractor_weights``). ``format_failure_reward``: the
+    trains) or a backend spec (a Ray actor builds its own copy, in ``dtype`` with
+    ``kv_cache_tokens`` of KV cache, and receives new weights through ``load_extractor_weights``). ``format_failure_reward``: the
     opt-in reward of a malformed answer (None: not trained, see ``ManagerConfig``).
     """
 
     def __init__(self, run_dir: str | os.PathLike, config: ExperienceConfig,
                  extractor: ModelBackend | str, *, max_new_tokens: int, temperature: float,
                  top_p: float, seed: int = 0, lora: Any = None, dtype: str = "auto",
+                 kv_cache_tokens: int = KV_CACHE_TOKENS,
                  format_failure_reward: float | None = None) -> None:
         if isinstance(extractor, str):
             from crl_harness.models import load_backend
 
-            extractor = load_backend(extractor, dtype=dtype)
+            extractor = load_backend(extractor, dtype=dtype, kv_cache_tokens=kv_cache_tokens)
             if lora is not None and lora.enabled:
                 from crl_harness.training.learner import apply_lora
 

@@ -173,6 +173,7 @@ class RayPlacement:
         actor_cls = self._ray.remote(num_cpus=1, max_concurrency=16)(ExperienceService)
         handle = actor_cls.remote(str(run_dir), cfg.experience, extractor_spec,
                                   lora=cfg.extractor.lora, dtype=cfg.extractor.dtype,
+                                  kv_cache_tokens=cfg.kv_cache_tokens("extractor"),
                                   **experience_options(cfg))
         self._experience = _RemoteExperience(handle, cfg.extractor.lora.enabled)
         if extractor is not None:  # the driver's learner copy starts from the same weights
