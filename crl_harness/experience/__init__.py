@@ -5,7 +5,9 @@ Manager and its asynchronous loop").
 - ``entries``: ``ExperienceEntry``, the bank's changes (``AddEntry``, ``DeleteEntries``,
   ``VoteEntry``), ``ApplyResult`` and ``clean_text``.
 - ``bank_file``: the bank's SQLite file (layout, checks, writer lock) and ``BankError``.
-- ``bank``: ``ExperienceBank`` (SQLite WAL, crash-safe, FIFO capacity, JSONL export/import).
+- ``bank``: ``ExperienceBank`` (SQLite WAL, crash-safe, FIFO capacity, JSONL export/import);
+  beside it ``bank_sqlite`` (its write transactions, tables and first read), ``bank_capacity``
+  (the stored capacity and its rules) and ``bank_jsonl`` (the export format).
 - ``retrieval``: BM25 (bm25s) and dense indexes, the diversity re-rank, ``RetrievalConfig``.
 - ``operations``: the operation types and the strict parser of extractor answers.
 - ``prompts``: the extractor's prompt templates (``assets/prompts/experience_*.txt``).
