@@ -1,8 +1,8 @@
 """The Complementary RL training loop (docs/method.md; the step: docs/design.md), top to bottom.
 
 Holds ``Trainer``, the loop; the parts it is handed are in ``crl_harness.training``: the rows the
-learners train on (``batches``), the learners (``learner``), what a step
-logs (``step_metrics``, ``metrics``), checkpoints and resuming (``checkpoint``). One step:
+learners train on (``batches``), the learners (``learner``), what a step logs (``step_metrics``,
+``metrics``), checkpoints and resuming (``checkpoint``). One step:
 
 1. flush the Experience Manager (pending bank updates land before the rollout phase);
 2. draw ``groups_per_step`` task seeds from the mixture; G rollouts per seed, the first

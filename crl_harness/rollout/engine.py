@@ -113,7 +113,8 @@ class RolloutEngine:
         >>> engine.close()
     """
 
-    def __init__(self, backend: ModelBackend, retriever: ExperienceClient | Retriever | None = None,
+    def __init__(self, backend: ModelBackend,
+                 retriever: ExperienceClient | Retriever | None = None,
                  config: RolloutConfig | None = None, **overrides: Any) -> None:
         self.backend = backend
         self.retriever = retriever
