@@ -258,9 +258,10 @@ class Trainer:
                            extractor_stats is not None and extractor_stats.rows > 0)
         times["sync"] = time.perf_counter() - t0
         self._check_logprob_gap(actor_stats, extractor_stats)
+        manager = self.experience.manager if self.experience is not None else None
         metrics = step_metrics(
             cfg, trajectories, actor_stats, extractor_stats, times,
-            experience_stats=self.experience.manager.stats() if self.experience is not None else None,
+            experience_stats=manager.stats() if manager is not None else None,
             awaiting_training=self.awaiting_training, packed_fraction=packed_fraction,
             counters=self.counters)
         metrics["actor/warmup"] = float(actor_frozen)

@@ -55,8 +55,9 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
     reset observation (``placement="observation"``) or ``info["instructions"]``
     (``placement="instructions"``, for a harness that builds the system prompt from it), under
     ``header`` (``experience_block``, ``with_experience``); ``placement="info"`` leaves both
-    alone, for a harness that places ``info["experience"]`` itself. ``reset(options={"use_experience": False})`` runs an experience-free episode (the
-    GRPO subgroup without experience). When an episode that used items ends (terminated or
+    alone, for a harness that places ``info["experience"]`` itself.
+    ``reset(options={"use_experience": False})`` runs an experience-free episode (the GRPO
+    subgroup without experience). When an episode that used items ends (terminated or
     truncated), ``retriever.report_outcome(ids, score)`` is called once, if the retriever has it;
     the score is 1 for a win, else ``info["score"]``.
 

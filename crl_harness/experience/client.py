@@ -34,7 +34,8 @@ class ExperienceClient(Retriever, Protocol):
         >>> from crl_harness.experience import ExperienceBank, ExperienceManager
         >>> bank = ExperienceBank(":memory:")
         >>> with ExperienceManager(bank) as manager:
-        ...     isinstance(manager, ExperienceClient), isinstance(RetrieveOnly(manager), ExperienceClient)
+        ...     view = RetrieveOnly(manager)
+        ...     isinstance(manager, ExperienceClient), isinstance(view, ExperienceClient)
         (True, False)
         >>> bank.close()
     """
