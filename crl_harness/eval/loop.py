@@ -85,7 +85,8 @@ def _play_step_agents(agent: str, specs: Sequence[EpisodeSpec], retriever: Any, 
         envs = local.__dict__.setdefault("envs", {})
         try:
             if spec.env_id not in envs:
-                envs[spec.env_id] = make_env(spec.env_id, retriever,
+                # the agents read the experience in info["instructions"]
+                envs[spec.env_id] = make_env(spec.env_id, retriever, placement="instructions",
                                              **env_kwargs.get(spec.env_id, {}))
             env = envs[spec.env_id]
             traj = run_episode(env, make_agent(agent, spec.env_id, env), spec)

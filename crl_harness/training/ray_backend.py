@@ -2,7 +2,8 @@
 
 Holds ``RayTrainer`` (the ``Trainer`` with its rollouts and its experience service moved into Ray
 actors; the learners stay in the driver and push their new weights after each update),
-``RolloutWorker`` and ``RemoteRetriever``.
+``RolloutWorker`` and ``RemoteManager`` (the Experience Manager inside the service actor, an
+``ExperienceClient`` for the rollout workers and the trainer).
 
 Every actor asks for whole CPUs (``num_cpus=1``), never fractions; Ray runs with its own
 temporary directory and without its dashboard.
@@ -11,18 +12,22 @@ temporary directory and without its dashboard.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from crl_harness.config import LoRAConfig, TrainConfig
+from crl_harness.experience import AskAnswer
 from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from crl_harness.trainer import Trainer
 from crl_harness.training.experience_service import ExperienceService
+from crl_wrappers.experience import ExperienceItem
 
-__all__ = ["RayTrainer", "RayRollouts", "RolloutWorker", "RemoteRetriever", "start_ray"]
+__all__ = ["RayTrainer", "RayRollouts", "RolloutWorker", "RemoteManager", "start_ray"]
 
 
 def start_ray(num_cpus: int) -> str:
@@ -37,32 +42,44 @@ def start_ray(num_cpus: int) -> str:
     return temp_dir
 
 
-class RemoteRetriever:
-    """The retriever protocol over the experience service actor (used inside rollout workers)."""
+class _ServiceActor(ExperienceService):
+    """``ExperienceService`` as a Ray actor: a caller outside reaches the manager through
+    ``manager_call`` (a Ray actor's remote methods are its class's own)."""
 
-    def __init__(self, service: Any) -> None:
-        self.service = service
+    def manager_call(self, method: str, *args: Any) -> Any:
+        return getattr(self.manager, method)(*args)
 
-    def retrieve(self, env_id: str, query: str, k: int = 1) -> list:
+
+class RemoteManager:
+    """The manager of an experience service actor (``handle``), each call blocking on its
+    answer: an ``ExperienceClient`` (rollout workers retrieve, ask and report through it) whose
+    other methods (``flush``, ``submit``, ``stats``, ...) reach the manager's the same way."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def retrieve(self, env_id: str, query: str, k: int = 1) -> list[ExperienceItem]:
+        return self._call("retrieve", env_id, query, k)
+
+    def ask(self, env_id: str, query: str, k: int = 1) -> AskAnswer:
+        return self._call("ask", env_id, query, k)
+
+    def report_outcome(self, entry_ids: Sequence[str], score: float,
+                       critic: float | None = None, baseline: float | None = None) -> None:
+        self._call("report_outcome", list(entry_ids), score, critic, baseline)
+
+    def report_ask_outcome(self, generation_ids: Sequence[str], score: float) -> None:
+        self._call("report_ask_outcome", list(generation_ids), score)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # no remote lookup for Python's own probes (copy, pickle)
+            raise AttributeError(name)
+        return functools.partial(self._call, name)
+
+    def _call(self, method: str, *args: Any) -> Any:
         import ray
 
-        return ray.get(self.service.retrieve.remote(env_id, query, k))
-
-    def report_outcome(self, entry_ids: list[str], score: float,
-                       critic: float | None = None) -> None:
-        import ray
-
-        ray.get(self.service.report_outcome.remote(list(entry_ids), score, critic))
-
-    def ask(self, env_id: str, query: str, k: int = 1) -> Any:
-        import ray
-
-        return ray.get(self.service.ask.remote(env_id, query, k))
-
-    def report_ask_outcome(self, generation_ids: list[str], score: float) -> None:
-        import ray
-
-        ray.get(self.service.report_ask_outcome.remote(list(generation_ids), score))
+        return ray.get(self.handle.manager_call.remote(method, *args))
 
 
 class RolloutWorker:
@@ -82,7 +99,7 @@ class RolloutWorker:
         self.lora = lora.enabled
         if self.lora:
             apply_lora(self.backend.model, lora)
-        retriever = RemoteRetriever(service) if service is not None else None
+        retriever = RemoteManager(service) if service is not None else None
         self.engine = RolloutEngine(self.backend, retriever=retriever, config=rollout)
 
     def run(self, specs: list[EpisodeSpec]) -> list[Trajectory]:
@@ -101,11 +118,13 @@ class RolloutWorker:
 
 
 class _RemoteExperience:
-    """The experience service actor behind the methods the trainer calls (blocking)."""
+    """The experience service actor as the trainer holds it: its ``manager`` (``RemoteManager``)
+    and its own methods (checkpoints, weights), each call blocking."""
 
     def __init__(self, handle: Any, lora: bool) -> None:
         self.handle = handle
         self.lora = lora
+        self.manager = RemoteManager(handle)
         self.weights_lock = contextlib.nullcontext()  # the learner's copy is not the generator's
 
     def __getattr__(self, name: str) -> Any:
@@ -159,7 +178,7 @@ class RayTrainer(Trainer):
         cfg = self.cfg
         self._prepare_bank(checkpoint)
         spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
-        actor_cls = self._ray.remote(num_cpus=1, max_concurrency=16)(ExperienceService)
+        actor_cls = self._ray.remote(num_cpus=1, max_concurrency=16)(_ServiceActor)
         handle = actor_cls.remote(
             str(self.run_dir), cfg.experience, spec,
             max_new_tokens=cfg.extractor.max_new_tokens, temperature=cfg.extractor.temperature,
