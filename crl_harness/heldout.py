@@ -175,11 +175,10 @@ def evaluate_levels(cfg: Any, actor: str,
 
     retriever = manager = None
     if bank is not None and bank.exists() and any(b for _, b, _, _ in to_play.values()):
-        from crl_harness.commands.eval import _RetrieveOnly
-        from crl_harness.experience import ExperienceBank, ExperienceManager
+        from crl_harness.experience import ExperienceBank, ExperienceManager, RetrieveOnly
 
         manager = ExperienceManager(ExperienceBank(bank, read_only=True))
-        retriever = _RetrieveOnly(manager)
+        retriever = RetrieveOnly(manager)
     specs, case_of = [], []  # an episode's group id is its place here, so cases never mix
     for name, (seeds, with_bank, _, entry) in to_play.items():
         for seed in seeds:

@@ -2,8 +2,8 @@
 
 Holds ``Trainer``, the loop; the parts it is handed are in ``crl_harness.training``: where they
 run (``placement``: one process, or Ray actors, chosen by the command), the rows the learners
-train on and the relative credit (``batches``), the learners (``learner``), what a step logs
-(``step_metrics``, ``metrics``), checkpoints and resuming (``checkpoint``). One step:
+train on (``batches``), the learners (``learner``), what a step logs (``step_metrics``,
+``metrics``), checkpoints and resuming (``checkpoint``). One step:
 
 1. flush the Experience Manager (pending bank updates land before the rollout phase);
 2. draw ``groups_per_step`` task seeds from the mixture; G rollouts per seed, the first
@@ -51,11 +51,11 @@ import numpy as np
 import torch
 
 from crl_harness.config import TrainConfig, config_to_dict, updated_lesson_steps
-from crl_harness.experience import DistillationRequest, GenerationReward
+from crl_harness.experience import DistillationRequest, GenerationReward, credit_episodes
 from crl_harness.losses import cispo_loss, extractor_advantages, grpo_loss, sequence_token_weights
 from crl_harness.models import load_backend
 from crl_harness.rollout import EpisodeSpec
-from crl_harness.training.batches import actor_rows, credit_relative
+from crl_harness.training.batches import actor_rows
 from crl_harness.training.checkpoint import (
     Checkpointer,
     RunState,
@@ -206,7 +206,7 @@ class Trainer:
         # 1. Pending bank updates land before the rollout phase.
         t0 = time.perf_counter()
         if self.experience is not None:
-            self.experience.flush()
+            self.experience.manager.flush()
         times["flush"] = time.perf_counter() - t0
 
         # 2. Rollouts: G per task seed, the first guided_per_group of each group with experience
@@ -218,18 +218,20 @@ class Trainer:
         results = self.rollouts.run(specs)
         trajectories = [t for t in results if not t.error]
         times["rollout"] = time.perf_counter() - t0
-        if self.experience is not None and cfg.experience.credit == "relative":
-            credit_relative(self.experience, trajectories)
+        if self.experience is not None:  # the entries' writers and the asks' generations
+            credit_episodes(self.experience.manager, trajectories,
+                            relative=cfg.experience.credit == "relative")
 
         # 3. Finished trajectories of the guided slots go to the Experience Manager at once: their
         #    distillation runs in the background while the actor trains (the two tracks of
         #    docs/method.md); during the retrieval warm-up they played without experience, and
         #    fill the bank.
         if self.experience is not None:
-            self.experience.submit([
-                DistillationRequest(t.env_id, t.task, t.transcript, t.won, t.score,
-                                    list(t.experience_ids), step)
-                for t in results if t.guided and not t.error])
+            for t in results:
+                if t.guided and not t.error:
+                    self.experience.manager.submit(DistillationRequest(
+                        t.env_id, t.task, t.transcript, t.won, t.score, list(t.experience_ids),
+                        step))
 
         # 4. Actor: GRPO with advantages inside each subgroup, frozen during its warm-up.
         t0 = time.perf_counter()
@@ -250,7 +252,7 @@ class Trainer:
 
         # 6. Merge pass over every partition of the bank.
         if self.experience is not None and step % cfg.experience.merge_every == 0:
-            self.counters["bank/merge_chunks"] += self.experience.merge_pass()
+            self.counters["bank/merge_chunks"] += self.experience.manager.merge_pass()
 
         # 7. New weights reach the rollout backend and the extractor's generator.
         t0 = time.perf_counter()
@@ -258,9 +260,10 @@ class Trainer:
                                     extractor_stats is not None and extractor_stats.rows > 0)
         times["sync"] = time.perf_counter() - t0
         self._check_logprob_gap(actor_stats, extractor_stats)
+        manager = self.experience.manager if self.experience is not None else None
         metrics = step_metrics(
             cfg, trajectories, actor_stats, extractor_stats, times,
-            experience_stats=self.experience.stats() if self.experience is not None else None,
+            experience_stats=manager.stats() if manager is not None else None,
             awaiting_training=self.awaiting_training, packed_fraction=packed_fraction,
             counters=self.counters)
         metrics["actor/warmup"] = float(actor_frozen)
@@ -297,7 +300,7 @@ class Trainer:
     def _extractor_step(self) -> UpdateStats | None:
         """Train the extractor once ``train_after`` used generations wait, then release them."""
         assert self.experience is not None
-        waiting = self.experience.generation_rewards()
+        waiting = self.experience.manager.generation_rewards()
         if self.extractor is None:  # static arm: nothing trains on them, so none is kept
             self._release(waiting)
             return None
@@ -310,7 +313,7 @@ class Trainer:
 
     def _release(self, generations: list[GenerationReward]) -> None:
         assert self.experience is not None
-        self.experience.release_generations([g.generation_id for g in generations])
+        self.experience.manager.release_generations([g.generation_id for g in generations])
         self.counters["extractor/generations_rewarded"] += len(generations)
         self.awaiting_training = 0
 

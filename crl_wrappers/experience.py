@@ -5,6 +5,8 @@ Holds:
   (``retrieve(env_id, query, k)`` returning items with ``.id`` and ``.text``, and optionally
   ``report_outcome(entry_ids, score)``). ``crl_harness.experience.ExperienceManager`` is one.
 - ``retrieval_query``: the query of a reset (the env's key of the level, else the task text).
+- ``experience_block`` and ``with_experience``: the experience as the agent reads it, alone and
+  after the instructions (one rendering: the wrapper's, and the harness's system prompts).
 - ``ExperienceAugmentation``: retrieves at reset and puts the experience where a harness places
   it; reports the episode's outcome for the extractor's credit when the episode ends.
 
@@ -20,7 +22,7 @@ import gymnasium as gym
 from gymnasium.spaces import Text
 
 __all__ = ["ExperienceItem", "Retriever", "ExperienceAugmentation", "DEFAULT_HEADER",
-           "retrieval_query"]
+           "retrieval_query", "experience_block", "with_experience"]
 
 DEFAULT_HEADER = "Distilled knowledge from earlier experience:"
 
@@ -52,8 +54,10 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
     ``info["experience"]`` (the text, "" when none) and ``info["experience_ids"]``, and into the
     reset observation (``placement="observation"``) or ``info["instructions"]``
     (``placement="instructions"``, for a harness that builds the system prompt from it), under
-    ``header``. ``reset(options={"use_experience": False})`` runs an experience-free episode (the
-    GRPO subgroup without experience). When an episode that used items ends (terminated or
+    ``header`` (``experience_block``, ``with_experience``); ``placement="info"`` leaves both
+    alone, for a harness that places ``info["experience"]`` itself.
+    ``reset(options={"use_experience": False})`` runs an experience-free episode (the GRPO
+    subgroup without experience). When an episode that used items ends (terminated or
     truncated), ``retriever.report_outcome(ids, score)`` is called once, if the retriever has it;
     the score is 1 for a win, else ``info["score"]``.
 
@@ -80,7 +84,7 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
         ([], '')
     """
 
-    PLACEMENTS = ("observation", "instructions")
+    PLACEMENTS = ("observation", "instructions", "info")
 
     def __init__(self, env: gym.Env[str, str], retriever: Retriever, k: int = 1,
                  placement: str = "observation", header: str = DEFAULT_HEADER,
@@ -118,13 +122,12 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
         self._reported = not self._episode_ids
         info["experience"] = text
         info["experience_ids"] = list(self._episode_ids)
-        if text:
-            block = f"{self.header}\n{text}"
-            if self.placement == "observation":
-                observation = _prepend_within(self.observation_space, block, observation)
-            else:
-                instructions = info.get("instructions") or ""
-                info["instructions"] = f"{instructions}\n\n{block}" if instructions else block
+        if text and self.placement == "observation":
+            observation = _prepend_within(self.observation_space,
+                                          experience_block(text, self.header), observation)
+        elif text and self.placement == "instructions":
+            info["instructions"] = with_experience(info.get("instructions") or "", text,
+                                                   self.header)
         return observation, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -148,6 +151,33 @@ def retrieval_query(observation: str, info: dict[str, Any]) -> str:
     'Reach the stairs.'
     """
     return info.get("retrieval_query") or info.get("task") or observation
+
+
+def experience_block(text: str, header: str = DEFAULT_HEADER) -> str:
+    """The experience as the agent reads it: ``header``, then the retrieved ``text``.
+
+    >>> experience_block("- Push boxes only onto targets.")
+    'Distilled knowledge from earlier experience:\\n- Push boxes only onto targets.'
+    """
+    return f"{header}\n{text}"
+
+
+def with_experience(instructions: str, text: str, header: str = DEFAULT_HEADER) -> str:
+    """``instructions`` followed by the experience block (``experience_block``), a blank line
+    between; the instructions alone when ``text`` is empty.
+
+    >>> print(with_experience("Push every box onto a target.", "- Never into a corner."))
+    Push every box onto a target.
+    <BLANKLINE>
+    Distilled knowledge from earlier experience:
+    - Never into a corner.
+    >>> with_experience("Push every box onto a target.", "")
+    'Push every box onto a target.'
+    """
+    if not text:
+        return instructions
+    block = experience_block(text, header)
+    return f"{instructions}\n\n{block}" if instructions else block
 
 
 def _prepend_within(space: gym.Space, block: str, observation: str, separator: str = "\n\n") -> str:

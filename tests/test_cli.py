@@ -110,12 +110,12 @@ def test_hardening_cli_rejects_nonsense_and_runs_that_measured_nothing(tmp_path,
         _one_line_error(capsys, argv, expected)
     assert not (tmp_path / "never").exists()
 
-    import crl_harness.eval
+    import crl_harness.eval.loop
 
     def no_env(*args, **kwargs):
         raise RuntimeError("this env cannot start here")
 
-    monkeypatch.setattr(crl_harness.eval, "make_env", no_env)
+    monkeypatch.setattr(crl_harness.eval.loop, "make_env", no_env)
     assert main(["eval", "--agent", "scripted", "--envs", "CRL/Sokoban-v0", "--episodes", "2",
                  "--out", str(tmp_path / "failed"), "--no-progress"]) == 1
     assert "No episode ran to the end" in capsys.readouterr().out

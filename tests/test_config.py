@@ -374,13 +374,13 @@ def test_a_run_setting_is_declared_once_and_reaches_every_part_it_concerns():
                              "experience.k=3", "experience.max_asks=4",
                              "experience.retrieval=dense", "experience.candidates=8",
                              "experience.max_transcript_chars=500",
-                             "experience.credit=relative", "tasks.groups_per_step=2",
+                             "tasks.groups_per_step=2",
                              "tasks.group_size=4", "tasks.guided_per_group=2",
                              "run.rollout_workers=2"])
     rollout = RolloutConfig.from_config(cfg, seed=7)
     assert (rollout.temperature, rollout.top_p, rollout.history, rollout.experience_k,
-            rollout.max_asks, rollout.max_live, rollout.workers, rollout.credit_entries,
-            rollout.seed) == (0.5, 0.9, 2, 3, 4, 8, 2, False, 7)
+            rollout.max_asks, rollout.max_live, rollout.workers,
+            rollout.seed) == (0.5, 0.9, 2, 3, 4, 8, 2, 7)
     manager = ManagerConfig.from_config(cfg.experience, seed=5)
     assert manager.retrieval == RetrievalConfig(index="dense", candidates=8)
     assert (manager.max_transcript_chars, manager.seed) == (500, 5)

@@ -364,8 +364,8 @@ def test_relative_credit_on_a_hand_made_group(bank):
     its score minus its group's free mean once the step's rollouts end. A lesson used on a level
     every free episode wins earns nothing for the level's ease; the paper's outcome credit would
     give it +1."""
+    from crl_harness.experience import credit_episodes
     from crl_harness.rollout import Trajectory
-    from crl_harness.training.batches import credit_relative
 
     with ExperienceManager(bank) as manager:
         for generation in ("g-hard", "g-easy"):
@@ -381,15 +381,26 @@ def test_relative_credit_on_a_hand_made_group(bank):
                  episode(0, False, False), episode(0, False, False),            # free mean 0
                  episode(1, True, True, easy), episode(1, True, True, easy),    # guided: 1, 1
                  episode(1, False, True), episode(1, False, True)]              # free mean 1
-        credit_relative(manager, group)
+        credit_episodes(manager, group, relative=True)
         rewards = {r.generation_id: (r.reward, r.n_uses) for r in manager.generation_rewards()}
         assert rewards == {"g-hard": (0.5, 2), "g-easy": (0.0, 2)}
         # the paper's outcome credit of the same episodes: the easy level's lesson looks best
         manager.release_generations(["g-hard", "g-easy"])
         for generation in ("g-hard", "g-easy"):
             manager.ledger.register(generation, "prompt", "output", "distill")
-        for t in group:
-            if t.experience_ids:
-                manager.report_outcome(t.experience_ids, t.score)
+        credit_episodes(manager, group)
         rewards = {r.generation_id: r.reward for r in manager.generation_rewards()}
         assert rewards == {"g-hard": 0.0, "g-easy": 1.0}
+
+
+def test_the_manager_and_the_ray_proxy_are_experience_clients(bank):
+    """``ExperienceClient`` is what the engine, the wrapper and the trainer call: the manager
+    (one process) and ``RemoteManager`` (over Ray) both implement it; a retrieve-only view and
+    a bare retriever do not."""
+    from crl_harness.experience import ExperienceClient, RetrieveOnly
+    from crl_harness.training.ray_backend import RemoteManager
+
+    with ExperienceManager(bank) as manager:
+        assert isinstance(manager, ExperienceClient)
+        assert not isinstance(RetrieveOnly(manager), ExperienceClient)
+    assert isinstance(RemoteManager(handle=None), ExperienceClient)  # no Ray needed to build one

@@ -253,9 +253,9 @@ def test_rerank_settings_of_the_config_change_the_ranking(tmp_path, settings, sp
                      "from the start, play north, east."),
             AddEntry(env, "Winning moves from x=38, y=11; in view: nothing notable",
                      "from the start, play south.")])
-        assert service.flush(timeout=60)
+        assert service.manager.flush(timeout=60)
         key = "x=38, y=10; in view: nothing notable"
-        seen = [service.retrieve(env, key, 1)[0].title for _ in range(12)]
+        seen = [service.manager.retrieve(env, key, 1)[0].title for _ in range(12)]
         assert seen[0].startswith("Winning moves from x=38, y=10")
         assert (len(set(seen)) == 2) is spread
     finally:

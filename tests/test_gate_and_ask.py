@@ -19,7 +19,12 @@ pytest.importorskip("transformers")
 
 from crl_envs.sokoban.oracle import SokobanOracle  # noqa: E402
 from crl_harness.config import ConfigError, load_config  # noqa: E402
-from crl_harness.experience import ExperienceBank, ExperienceManager, parse_verdict  # noqa: E402
+from crl_harness.experience import (  # noqa: E402
+    ExperienceBank,
+    ExperienceManager,
+    credit_episodes,
+    parse_verdict,
+)
 from crl_harness.experience.ask import ASK_CLOSE, NO_KNOWLEDGE, parse_ask  # noqa: E402
 from crl_harness.experience.gate import MAX_REFINED_CHARS  # noqa: E402
 from crl_harness.models import Generation, HFBackend  # noqa: E402
@@ -105,11 +110,14 @@ def _verdict(name: str, **extra) -> str:
 
 
 def _play(actor, manager, *, seed=WON_SEED, guided=True, **settings):
+    """One episode, credited as the trainer credits a step's (``credit_episodes``)."""
     engine = RolloutEngine(actor, retriever=manager, **settings)
     try:
         [traj] = engine.run([EpisodeSpec(SOKOBAN, seed, use_experience=guided)])
     finally:
         engine.close()
+    if not traj.error:
+        credit_episodes(manager, [traj])
     return traj
 
 

@@ -269,7 +269,7 @@ def test_river_registered_limit_covers_the_oracles_crossing(seed):
 def test_river_push_plan_goes_any_direction():
     """A boulder against the east edge of the floor reaches the water only by pushes north first
     (the hero below it), then one northeast: the push planner searches all 8 directions."""
-    from crl_envs.minihack.oracle import _push
+    from crl_envs.minihack.oracle.river import _push
 
     floor = {(x, y) for x in range(5) for y in range(6)}
     plan = _push(floor, {(4, 3)}, hero=(0, 5), boulder=(4, 3), water=(5, 0))

@@ -9,10 +9,17 @@ pytest.importorskip("transformers")
 
 from crl_envs.sokoban.oracle import SokobanOracle  # noqa: E402
 from crl_harness.agents import ModelAgent, run_episode  # noqa: E402
+from crl_harness.experience import credit_episodes  # noqa: E402
 from crl_harness.models import Generation, HFBackend  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
-from crl_harness.prompting import EXPERIENCE_HEADER  # noqa: E402
-from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
+from crl_harness.prompting import EXPERIENCE_HEADER, system_prompt  # noqa: E402
+from crl_harness.rollout import (  # noqa: E402
+    EpisodeSpec,
+    LiveEpisode,
+    RolloutConfig,
+    RolloutEngine,
+    make_env,
+)
 
 torch.set_num_threads(1)
 SOKOBAN = "CRL/Sokoban-v0"
@@ -143,7 +150,8 @@ def test_a_format_failure_is_a_counted_no_op_with_the_penalty():
 
 
 class Tips:
-    """A retriever with one entry per env that records outcome reports."""
+    """A retriever with one entry per env that records outcome reports (an ``ExperienceClient``
+    as far as a step's credit goes)."""
 
     def __init__(self):
         self.reports = []
@@ -153,7 +161,7 @@ class Tips:
             id, text = "tip-1", "Never push a box into a corner."
         return [Item()]
 
-    def report_outcome(self, ids, score):
+    def report_outcome(self, ids, score, critic=None, baseline=None):
         self.reports.append((ids, score))
 
 
@@ -168,8 +176,31 @@ def test_experience_goes_into_the_system_prompt_of_guided_episodes_only(tiny):
     assert system_guided.count("Never push a box") == 1
     assert "Never push a box" not in system_free and EXPERIENCE_HEADER not in system_free
     assert guided.experience_ids == ["tip-1"] and free.experience_ids == []
+    assert tips.reports == []  # neither the engine nor its wrappers report: the trainer credits
+    credit_episodes(tips, [guided, free])
     assert tips.reports == [(["tip-1"], 0.0)]  # the failed guided episode is credited once
     engine.close()
+
+
+def test_the_episode_system_prompt_is_the_wrappers_rendering_of_the_experience():
+    """``LiveEpisode`` places the experience it is given after the env's instructions exactly as
+    ``ExperienceAugmentation(placement="instructions")`` shows it; nothing is stripped."""
+    import gymnasium as gym
+
+    from crl_wrappers.experience import ExperienceAugmentation
+
+    wrapped = ExperienceAugmentation(gym.make(SOKOBAN), Tips(), placement="instructions")
+    observation, info = wrapped.reset(seed=0)
+    episode = LiveEpisode(EpisodeSpec(SOKOBAN, 0, use_experience=True),
+                          make_env(SOKOBAN, Tips()), history=None)
+    episode.reset(with_experience_option=True)
+    assert episode.experience == info["experience"] == "- Never push a box into a corner."
+    assert episode.instructions == episode.env.unwrapped.instructions  # as the env wrote them
+    assert episode.state == observation  # the observation is the env's own
+    task = "" if info["task"] in observation else info["task"]
+    assert episode.conversation.system == system_prompt(info["instructions"], task=task)
+    episode.env.close()
+    wrapped.close()
 
 
 def test_model_agent_plays_step_by_step(tiny):

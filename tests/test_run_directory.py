@@ -126,7 +126,7 @@ def test_refused_resume_leaves_the_live_runs_files(model, tmp_path):
     Trainer(cfg).train()
     live = Trainer(load_config(None, _overrides(model, run_dir, steps=3)), resume=True)
     try:
-        live.experience.flush()
+        live.experience.manager.flush()
         before = _snapshot(run_dir)
         assert {"bank.sqlite", "bank.sqlite-wal", "bank.sqlite-shm"} <= set(before)
         with pytest.raises(RunDirectoryError, match="in use by a live run"):

@@ -313,10 +313,10 @@ def test_malformed_extractor_answers_are_not_trained_by_default(models, tmp_path
             overrides.append(f"extractor.format_penalty={penalty}")
         trainer = Trainer(load_config(None, overrides))
         try:
-            trainer.experience.submit([request])  # the random extractor's answer never parses
-            trainer.experience.flush()
-            assert trainer.experience.stats()["format_failures"] == 1
-            assert [g.reward for g in trainer.experience.generation_rewards()] == waiting
+            trainer.experience.manager.submit(request)  # the random extractor's answer never parses
+            trainer.experience.manager.flush()
+            assert trainer.experience.manager.stats()["format_failures"] == 1
+            assert [g.reward for g in trainer.experience.manager.generation_rewards()] == waiting
             if penalty is None:
                 assert trainer._extractor_step() is None
         finally:
@@ -402,7 +402,7 @@ def test_the_guided_slots_are_distilled_wherever_they_stand(models, tmp_path):
         return played
 
     trainer.rollouts.run = reversed_run
-    trainer.experience.submit = submitted.extend
+    trainer.experience.manager.submit = submitted.append
     try:
         trainer.train_step(1)
     finally:
@@ -652,7 +652,7 @@ def test_relative_credit_reaches_the_ledger_once_per_guided_use(models, tmp_path
                     score[id(t)] - sum(free[t.group_id]) / len(free[t.group_id]))
         assert expected  # the guided episodes retrieved the seeded entries
         got = {g.generation_id: (g.reward, g.n_uses)
-               for g in trainer.experience.generation_rewards()}
+               for g in trainer.experience.manager.generation_rewards()}
         assert got == {g: (pytest.approx(sum(v) / len(v)), len(v)) for g, v in expected.items()}
     finally:
         trainer.close()

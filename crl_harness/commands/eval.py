@@ -17,13 +17,16 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
 from crl_envs.errors import UserFacingError
 from crl_harness.commands.checks import AGENT_SPECS, check_agent, check_range, output_dir
 from crl_harness.models.base import KV_CACHE_TOKENS
+
+if TYPE_CHECKING:
+    from crl_harness.experience import RetrieveOnly
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -211,21 +214,6 @@ def resume_folder(out: str | None, settings: dict[str, Any]) -> tuple[Path, list
     return folder, list(earlier.values())
 
 
-class _RetrieveOnly:
-    """The bank as a retriever that never reports outcomes: evaluation leaves credit alone."""
-
-    def __init__(self, manager) -> None:
-        self._manager = manager
-
-    def retrieve(self, env_id: str, query: str, k: int):
-        return self._manager.retrieve(env_id, query, k)
-
-    def close(self) -> None:
-        """Stop the manager's threads and close the bank (a mount can then be released)."""
-        self._manager.close()
-        self._manager.bank.close()
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -241,13 +229,14 @@ def run(args: argparse.Namespace) -> int:
     if env_kwargs:
         check_env_kwargs(env_ids, env_kwargs)
 
-    retriever = None
+    manager = retriever = None
     if args.experience:
-        from crl_harness.experience import ExperienceBank, ExperienceManager
+        from crl_harness.experience import ExperienceBank, ExperienceManager, RetrieveOnly
 
-        # Read-only: evaluation leaves the bank as it was, and may run beside its trainer.
-        retriever = _RetrieveOnly(ExperienceManager(ExperienceBank(args.experience,
-                                                                   read_only=True)))
+        # Read-only: evaluation leaves the bank as it was, and may run beside its trainer; it
+        # reports no outcome either (credit is left alone).
+        manager = ExperienceManager(ExperienceBank(args.experience, read_only=True))
+        retriever = RetrieveOnly(manager)
     if not args.resume:
         args.out = args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"
     fresh = not args.resume and not Path(args.out).exists()
@@ -258,8 +247,9 @@ def run(args: argparse.Namespace) -> int:
             _remove_unused(Path(args.out))
         raise
     finally:
-        if retriever is not None:
-            retriever.close()
+        if manager is not None:  # its threads stop and the bank closes (a mount can go)
+            manager.close()
+            manager.bank.close()
 
 
 def _remove_unused(folder: Path) -> None:
@@ -273,7 +263,7 @@ def _remove_unused(folder: Path) -> None:
 
 
 def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds: list[int],
-              env_kwargs: dict[str, Any], retriever: _RetrieveOnly | None) -> int:
+              env_kwargs: dict[str, Any], retriever: RetrieveOnly | None) -> int:
     """``crl eval``'s episodes, table, report and chart, once the arguments are checked."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

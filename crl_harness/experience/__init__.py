@@ -5,11 +5,16 @@ Manager and its asynchronous loop").
 - ``entries``: ``ExperienceEntry``, the bank's changes (``AddEntry``, ``DeleteEntries``,
   ``VoteEntry``), ``ApplyResult`` and ``clean_text``.
 - ``bank_file``: the bank's SQLite file (layout, checks, writer lock) and ``BankError``.
-- ``bank``: ``ExperienceBank`` (SQLite WAL, crash-safe, FIFO capacity, JSONL export/import).
+- ``bank``: ``ExperienceBank`` (SQLite WAL, crash-safe, FIFO capacity, JSONL export/import);
+  beside it ``bank_sqlite`` (its write transactions, tables and first read), ``bank_capacity``
+  (the stored capacity and its rules) and ``bank_jsonl`` (the export format).
 - ``retrieval``: BM25 (bm25s) and dense indexes, the diversity re-rank, ``RetrievalConfig``.
 - ``operations``: the operation types and the strict parser of extractor answers.
 - ``prompts``: the extractor's prompt templates (``assets/prompts/experience_*.txt``).
-- ``credit``: ``CreditLedger`` and ``GenerationReward`` (the extractor's reward by use).
+- ``client``: ``ExperienceClient``, what the harness calls (retrieve, ask, report outcomes),
+  and ``RetrieveOnly``, a retriever that reports nothing.
+- ``credit``: ``CreditLedger``, ``GenerationReward`` (the extractor's reward by use) and
+  ``credit_episodes`` (a step's episodes credited, in one place).
 - ``gate``: the actor-critic gate's verdicts (accept / refine / reject) and their critic scores.
 - ``ask``: search-and-ask, the actor's queries mid-episode and the extractor's answers.
 - ``locks``: ``ReadWriteLock`` (retrievals share, bank writes exclude).
@@ -21,9 +26,11 @@ Manager and its asynchronous loop").
 from crl_harness.experience.ask import AskAnswer, AskRecord, parse_ask
 from crl_harness.experience.bank import ExperienceBank
 from crl_harness.experience.bank_file import BankError
+from crl_harness.experience.client import ExperienceClient, RetrieveOnly
 from crl_harness.experience.credit import (
     CreditLedger,
     GenerationReward,
+    credit_episodes,
     entry_credit,
     episode_credit,
     free_baselines,
@@ -51,8 +58,8 @@ from crl_harness.experience.retrieval import RetrievalConfig, diversity_rerank, 
 
 __all__ = [
     "AddEntry", "ApplyResult", "BankError", "DeleteEntries", "ExperienceBank", "ExperienceEntry",
-    "VoteEntry", "CreditLedger", "GenerationReward", "episode_credit", "gated_credit",
-    "entry_credit", "free_baselines",
+    "VoteEntry", "ExperienceClient", "RetrieveOnly", "CreditLedger", "GenerationReward",
+    "episode_credit", "gated_credit", "entry_credit", "free_baselines", "credit_episodes",
     "AskAnswer", "AskRecord", "parse_ask", "CRITIC_SCORES", "GateVerdict", "parse_verdict",
     "DistillationRequest", "ExperienceManager", "ManagerConfig", "ReadWriteLock",
     "distill_prompt",

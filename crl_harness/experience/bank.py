@@ -6,26 +6,31 @@ bank, one writing process at a time (others may open it ``read_only``) and JSONL
 
 The records and changes it applies (``ExperienceEntry``, ``AddEntry``, ``DeleteEntries``,
 ``VoteEntry``, ``ApplyResult``, ``clean_text``) live in ``entries``; the file's layout, its
-checks, its writer lock and ``BankError`` in ``bank_file``. They are imported here too, where
-they have always been importable from.
+checks, its writer lock and ``BankError`` in ``bank_file``; its write transactions, tables and
+first read in ``bank_sqlite``; ``DEFAULT_CAPACITY`` and the capacity rules in ``bank_capacity``;
+the JSONL format in ``bank_jsonl``. The public names are imported here too, where they have
+always been importable from.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, fields, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from crl_harness.experience.bank_capacity import (
+    DEFAULT_CAPACITY,
+    resolve_capacity,
+    store_capacity,
+    stored_capacity,
+)
 from crl_harness.experience.bank_file import (
     _COLUMNS,
-    _FORMAT,
     _SCHEMA,
     BankError,
     _bank_error,
@@ -34,6 +39,8 @@ from crl_harness.experience.bank_file import (
     _row,
     _writer_lock,
 )
+from crl_harness.experience.bank_jsonl import read_jsonl, write_jsonl
+from crl_harness.experience.bank_sqlite import create_tables, read_entries, transaction
 from crl_harness.experience.entries import (
     AddEntry,
     ApplyResult,
@@ -41,7 +48,6 @@ from crl_harness.experience.entries import (
     DeleteEntries,
     ExperienceEntry,
     VoteEntry,
-    _cleaned,
     clean_text,
 )
 
@@ -58,7 +64,6 @@ __all__ = [
     "clean_text",
 ]
 
-DEFAULT_CAPACITY = 20_000
 _BUSY_TIMEOUT_S = 30.0  # a reader's checkpoint may hold the file briefly; wait, don't fail
 
 
@@ -113,17 +118,14 @@ class ExperienceBank:
         self.evictions = 0
         try:
             self._open(synchronous)
-            stored = self._stored_capacity()
-            try:
-                rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM entries ORDER BY seq")
-                for row in rows:
-                    self._mirror_add(ExperienceEntry(*row))
-            except sqlite3.DatabaseError as err:  # "database disk image is malformed"
-                raise _bank_error(Path(self.path), err) from err
-            self.capacity = self._resolve_capacity(capacity, stored, evict)
+            stored = stored_capacity(self._db)
+            for entry in read_entries(self._db, self.path):
+                self._mirror_add(entry)
+            self.capacity = resolve_capacity(capacity, stored, len(self._entries), self.path,
+                                             evict=evict, read_only=read_only)
             if not read_only:
                 if self.capacity != stored:
-                    self._store_capacity(self.capacity)
+                    store_capacity(self._db, self.path, self.capacity)
                 self._evict_over_capacity_now()
         except BaseException:
             self._release()
@@ -157,57 +159,7 @@ class ExperienceBank:
             self._db.execute(f"PRAGMA synchronous={synchronous}")
         except (OSError, sqlite3.DatabaseError) as err:
             raise _bank_error(path, err) from err
-        with self._transaction():
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                self._db.execute(statement)
-            self._db.execute("INSERT OR IGNORE INTO bank_meta (key, value) VALUES ('format', ?)",
-                             (_FORMAT,))
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """One write transaction. On an error it is rolled back unless SQLite already did (a
-        full disk ends it: a second ROLLBACK would raise "no transaction is active" and hide
-        why), and SQLite's errors become ones that say what happened (``_bank_error``)."""
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-            yield
-            self._db.execute("COMMIT")
-        except BaseException as err:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            if isinstance(err, sqlite3.DatabaseError):
-                raise _bank_error(Path(self.path), err) from err
-            raise
-
-    def _stored_capacity(self) -> int | None:
-        try:
-            row = self._db.execute("SELECT value FROM bank_meta WHERE key = 'capacity'").fetchone()
-        except sqlite3.OperationalError:  # read-only view of a bank from before bank_meta
-            return None
-        return int(row[0]) if row else None
-
-    def _resolve_capacity(self, asked: int | None, stored: int | None, evict: bool) -> int:
-        """The capacity to run at: never one that silently evicts what the bank holds."""
-        if asked is None:
-            return stored if stored is not None else max(DEFAULT_CAPACITY, len(self._entries))
-        floor = stored if stored is not None else len(self._entries)
-        if asked < floor and not evict:
-            held = f"was built with capacity {stored}" if stored is not None \
-                else f"holds {len(self._entries)} entries"
-            raise BankError(
-                f"The experience bank {self.path} {held}; opening it with capacity {asked} "
-                f"would evict entries. Use a capacity of at least {floor} (e.g. "
-                f"experience.capacity={floor}), or ExperienceBank(..., capacity={asked}, "
-                "evict=True) to drop the oldest entries on purpose.")
-        if self.read_only and asked < len(self._entries):
-            raise BankError(f"A read-only bank cannot shrink: {self.path} holds "
-                            f"{len(self._entries)} entries, more than capacity {asked}.")
-        return asked
-
-    def _store_capacity(self, capacity: int) -> None:
-        with self._transaction():
-            self._db.execute("INSERT OR REPLACE INTO bank_meta (key, value) VALUES "
-                             "('capacity', ?)", (str(capacity),))
+        create_tables(self._db, self.path)
 
     def _release(self) -> None:
         if self._db is not None:
@@ -274,7 +226,7 @@ class ExperienceBank:
             added: list[ExperienceEntry] = []
             votes: dict[str, int] = {}
             cur = self._db.cursor()
-            with self._transaction():
+            with transaction(self._db, self.path):
                 for change in changes:
                     if isinstance(change, AddEntry):
                         entry = ExperienceEntry(
@@ -352,7 +304,7 @@ class ExperienceBank:
                     for i in self._stats_dirty if i in self._entries]
             self._stats_dirty.clear()
             if rows:
-                with self._transaction():
+                with transaction(self._db, self.path):
                     self._db.executemany("UPDATE entries SET retrieval_count = ?, "
                                          "last_retrieved_at = ? WHERE id = ?", rows)
         return len(rows)
@@ -360,13 +312,7 @@ class ExperienceBank:
     # ----------------------------------------------------------------- JSONL
     def export_jsonl(self, path: str | os.PathLike) -> int:
         """Write every live entry as one JSON object a line; returns the count."""
-        entries = self.entries()
-        tmp = Path(f"{path}.tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            for entry in entries:
-                handle.write(json.dumps(asdict(entry), ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-        return len(entries)
+        return write_jsonl(path, self.entries())
 
     def import_jsonl(self, path: str | os.PathLike, *, evict: bool = True) -> int:
         """Add the entries of a JSONL export (ids already present are skipped); returns added.
@@ -376,23 +322,7 @@ class ExperienceBank:
         ``BankError`` instead (restoring a checkpoint must not drop what it saved).
         """
         self._check_writable()
-        known = {f.name for f in fields(ExperienceEntry)}
-        records: list[ExperienceEntry] = []
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    data = json.loads(line)
-                    if not isinstance(data, dict) or set(data) - known:
-                        raise ValueError(f"expected an object with keys from {sorted(known)}")
-                    entry = ExperienceEntry(**data)
-                    if not all(isinstance(getattr(entry, k), str)
-                               for k in ("id", "env_id", "title", "content")):
-                        raise ValueError("id, env_id, title and content must be strings")
-                except (ValueError, TypeError) as err:
-                    raise ValueError(f"{path}:{number}: not an experience entry ({err}).") from err
-                records.append(_cleaned(entry))
+        records = read_jsonl(path)
         with self._lock:
             fresh = list({e.id: e for e in records if e.id not in self._entries}.values())
             if not evict and len(self._entries) + len(fresh) > self.capacity:
@@ -400,7 +330,7 @@ class ExperienceBank:
                     f"{path} holds {len(fresh)} new entries; with the {len(self._entries)} in "
                     f"{self.path} that is more than its capacity {self.capacity}. Raise the "
                     "capacity (experience.capacity) to keep them all.")
-            with self._transaction():
+            with transaction(self._db, self.path):
                 self._db.executemany(
                     f"INSERT OR IGNORE INTO entries ({', '.join(_COLUMNS)}) VALUES "
                     f"({', '.join('?' * len(_COLUMNS))})", [_row(e) for e in fresh])
@@ -461,7 +391,7 @@ class ExperienceBank:
         if overflow <= 0:
             return
         victims = list(self._entries)[:overflow]
-        with self._transaction():
+        with transaction(self._db, self.path):
             self._db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in victims])
         for entry_id in victims:
             self._mirror_remove(entry_id)

@@ -1,7 +1,8 @@
 """Credit for the extractor: which extractor generations wrote experience that was used, and how
 the episodes that used it ended.
 
-Holds ``GenerationReward`` (what the trainer reads) and ``CreditLedger``. A generation's reward is
+Holds ``GenerationReward`` (what the trainer reads), ``CreditLedger`` and ``credit_episodes``
+(the one place a step's finished episodes are credited, by the trainer). A generation's reward is
 the mean, over the episodes that retrieved entries it wrote, of the credit each gave
 (``entry_credit``): the paper's is the episode's score, with a score of 0 counted as -1
 (docs/method.md, "The extractor: CISPO on credit by use"); the relative one
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, defaultdict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from crl_harness.experience.client import ExperienceClient
+
 __all__ = ["GenerationReward", "CreditLedger", "episode_credit", "gated_credit", "entry_credit",
-           "free_baselines", "Kind"]
+           "free_baselines", "credit_episodes", "Kind"]
 
 Kind = Literal["distill", "merge", "ask"]
 
@@ -72,6 +75,46 @@ def free_baselines(episodes: Iterable[tuple[Hashable, bool, float]]) -> dict[Has
         if not guided:
             free[group].append(float(score))
     return {group: sum(scores) / len(scores) for group, scores in free.items()}
+
+
+def credit_episodes(client: ExperienceClient, episodes: Sequence[Any],
+                    relative: bool = False) -> None:
+    """Report a step's finished episodes to ``client``: each one shown entries credits their
+    writers (``report_outcome``, by the gate's critic score when the gate judged them; with
+    ``relative``, ``experience.credit: relative``, only a guided episode whose group has a free
+    baseline, ``free_baselines``, relative to it), and the generations that answered its asks
+    get its score (``report_ask_outcome``). An episode's score is 1 for a win, else the env's.
+
+    ``episodes``: ``crl_harness.rollout.Trajectory`` objects, without those an error ended (they
+    are no sample of the policy).
+
+    >>> from types import SimpleNamespace as Episode
+    >>> class Client:
+    ...     def report_outcome(self, entry_ids, score, critic=None, baseline=None):
+    ...         print("entries", entry_ids, score, critic, baseline)
+    ...     def report_ask_outcome(self, generation_ids, score):
+    ...         print("asks", generation_ids, score)
+    >>> guided = Episode(group_id=0, use_experience=True, won=True, score=1.0,
+    ...                  experience_ids=["e1"], gate=None, asks=[])
+    >>> free = Episode(group_id=0, use_experience=False, won=False, score=0.0,
+    ...                experience_ids=[], gate=None, asks=[])
+    >>> credit_episodes(Client(), [guided, free])
+    entries ['e1'] 1.0 None None
+    >>> credit_episodes(Client(), [guided, free], relative=True)
+    entries ['e1'] 1.0 None 0.0
+    """
+    scores = [1.0 if t.won else t.score for t in episodes]
+    baselines = free_baselines((t.group_id, t.use_experience, score)
+                               for t, score in zip(episodes, scores, strict=True)) \
+        if relative else {}
+    for t, score in zip(episodes, scores, strict=True):
+        if t.experience_ids and (not relative or (t.use_experience and t.group_id in baselines)):
+            client.report_outcome(list(t.experience_ids), score,
+                                  t.gate.critic if t.gate is not None else None,
+                                  baselines.get(t.group_id))
+        answered = [a.generation_id for a in t.asks if a.generation_id is not None]
+        if answered:
+            client.report_ask_outcome(answered, score)
 
 
 @dataclass
@@ -176,6 +219,17 @@ class CreditLedger:
             for reward in out:
                 del self._records[reward.generation_id]
         return out
+
+    def export(self) -> list[tuple[str, Any]]:
+        """Every record, as picklable data (a checkpoint's); ``load`` puts them back."""
+        with self._lock:
+            return list(self._records.items())
+
+    def load(self, records: Iterable[tuple[str, Any]]) -> None:
+        """Replace the records by an ``export``'s (a resumed run's)."""
+        with self._lock:
+            self._records.clear()
+            self._records.update(records)
 
     def _ready(self, min_uses: int) -> list[GenerationReward]:
         out: list[GenerationReward] = []

@@ -3,8 +3,9 @@ Manager and its asynchronous loop").
 
 Holds:
 - ``ManagerConfig``: every setting of the manager.
-- ``ExperienceManager``, which composes the parts in ``locks`` (``ReadWriteLock``), ``search``
-  (batching and indexing) and ``distill`` (``DistillationRequest`` and the extractor's jobs):
+- ``ExperienceManager``, the ``ExperienceClient`` of one process (``client``), which composes
+  the parts in ``locks`` (``ReadWriteLock``), ``search`` (batching and indexing) and ``distill``
+  (``DistillationRequest`` and the extractor's jobs):
   - retrieval (the retriever protocol of ``crl_wrappers.experience``): queries go to a queue, a
     batcher groups them (up to ``batch_size`` queries or ``batch_wait_s``, sent early once no
     query joined for ``batch_gap_s``) and ``search_workers`` threads serve the batches under the
@@ -191,7 +192,7 @@ class ExperienceManager(_ExtractorJobs, _Search):
         for thread in self._threads:
             thread.start()
 
-    # ----------------------------------------------------------------- retriever protocol
+    # ----------------------------------------------------------------- ExperienceClient
     def retrieve(self, env_id: str, query: str, k: int = 1) -> list[ExperienceEntry]:
         """Top-``k`` entries of ``env_id``'s partition for ``query`` (batched, shared lock)."""
         if not isinstance(env_id, str) or not isinstance(query, str):

@@ -1,7 +1,6 @@
 """The batched rollout engine: many episodes on many envs, one batched generate per turn.
 
-Holds ``RolloutEngine`` and ``_RetrieveOnly`` (the retriever as the engine's experience wrappers
-see it); its settings, ``RolloutConfig``, are in ``settings``.
+Holds ``RolloutEngine``; its settings, ``RolloutConfig``, are in ``settings``.
 
 Each turn, every live episode's conversation becomes one prompt and the backend answers all of
 them in a single ``generate`` call; finished episodes hand their env to the next pending spec,
@@ -18,9 +17,10 @@ that are trained like the others:
 - ``search_and_ask``: a guided episode's reply may be an ask instead of an action (generation
   stops at the tool's closing tag); the Experience Manager's extractor answers it, the answer is
   the next observation, and the env does not move.
-The engine reports each guided episode's outcome itself when it ends (the entries' writers, by
-the gate's verdict when there was one, and the generations that answered its asks), so the
-experience wrapper it builds gets a retrieve-only view of the retriever.
+The engine reports no outcome: a trajectory keeps what credit needs (the entries shown, the
+gate's verdict, the asks' generations), and the trainer credits a step's episodes at once
+(``crl_harness.experience.credit_episodes``); the experience wrappers it builds get a
+retrieve-only view of the retriever (``RetrieveOnly``), so that they report nothing either.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from crl_harness.experience.ask import (
     refused_observation,
     tool_instructions,
 )
+from crl_harness.experience.client import ExperienceClient, RetrieveOnly
 from crl_harness.experience.entries import clean_text
 from crl_harness.experience.gate import gate_messages, parse_verdict
 from crl_harness.models.base import STOP, Generation, ModelBackend
@@ -50,31 +51,19 @@ from crl_harness.rollout.episode import LiveEpisode, make_env
 from crl_harness.rollout.records import EpisodeSpec, GateRecord, Trajectory, Turn
 from crl_harness.rollout.settings import RolloutConfig
 from crl_harness.rollout.transcript import transcript_of
+from crl_wrappers.experience import Retriever
 
 __all__ = ["RolloutEngine"]
-
-
-class _RetrieveOnly:
-    """The retriever as the engine's experience wrappers see it: without ``report_outcome``, as
-    the engine reports each episode's outcome itself (``_report_credit``), knowing the gate's
-    verdict and the asks, which the wrapper does not."""
-
-    def __init__(self, retriever: Any) -> None:
-        self.retriever = retriever
-
-    def retrieve(self, env_id: str, query: str, k: int) -> Any:
-        return self.retriever.retrieve(env_id, query, k)
 
 
 class RolloutEngine:
     """Plays ``EpisodeSpec`` lists with a model backend, batching every turn across episodes.
 
-    ``retriever`` (the experience manager, or anything with ``retrieve(env_id, query, k)``)
+    ``retriever`` (an ``ExperienceClient``, or anything with ``retrieve(env_id, query, k)``)
     turns on ``ExperienceAugmentation``; each spec's ``use_experience`` then chooses whether
-    that episode sees experience. When a guided episode ends, the engine calls the retriever's
-    ``report_outcome(entry_ids, score[, critic])`` and ``report_ask_outcome(generation_ids,
-    score)`` where it has them; ``search_and_ask`` needs its ``ask(env_id, query, k)``. Envs are
-    kept between ``run`` calls and reused; ``close()`` frees them.
+    that episode sees experience. ``search_and_ask`` needs the client's ``ask``. No outcome is
+    reported (``credit_episodes`` does it from the trajectories). Envs are kept between ``run``
+    calls and reused; ``close()`` frees them.
 
     Example:
         >>> import tempfile
@@ -89,7 +78,8 @@ class RolloutEngine:
         >>> engine.close()
     """
 
-    def __init__(self, backend: ModelBackend, retriever: Any = None,
+    def __init__(self, backend: ModelBackend,
+                 retriever: ExperienceClient | Retriever | None = None,
                  config: RolloutConfig | None = None, **overrides: Any) -> None:
         self.backend = backend
         self.retriever = retriever
@@ -299,8 +289,6 @@ class RolloutEngine:
         traj = episode.trajectory
         if not (traj.terminated or traj.truncated or traj.error):
             traj.truncated = True  # ended by the engine's turn cap, which the env never saw
-        if not traj.error:
-            self._report_credit(traj)
         traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score, traj.gate)
         traj.system, traj.final_observation = episode.conversation.system, episode.state
         results[index] = traj
@@ -311,27 +299,12 @@ class RolloutEngine:
         if on_done is not None:
             on_done(traj)
 
-    def _report_credit(self, traj: Trajectory) -> None:
-        """The episode's outcome to the extractor's credit: the writers of the entries shown (by
-        the gate's critic score when the gate judged them) and the generations that answered its
-        asks."""
-        score = 1.0 if traj.won else traj.score
-        report = getattr(self.retriever, "report_outcome", None)
-        if traj.experience_ids and report is not None and self.config.credit_entries:
-            if traj.gate is None:
-                report(list(traj.experience_ids), score)
-            else:
-                report(list(traj.experience_ids), score, critic=traj.gate.critic)
-        answered = [a.generation_id for a in traj.asks if a.generation_id is not None]
-        if answered:
-            self.retriever.report_ask_outcome(answered, score)
-
     def _take_env(self, env_id: str) -> gym.Env:
         free = self._free_envs.get(env_id)
         if free:
             return free.pop()
         cfg = self.config
-        retriever = _RetrieveOnly(self.retriever) if self.retriever is not None else None
+        retriever = RetrieveOnly(self.retriever) if self.retriever is not None else None
         return make_env(env_id, retriever, cfg.experience_k, **cfg.env_kwargs.get(env_id, {}))
 
     @staticmethod

@@ -4,7 +4,8 @@ Holds:
 - ``LiveEpisode``: an episode's env, its conversation (the prompts exactly as the engine renders
   them) and its trajectory so far; the engine drives it, and so do the warm start and the TRL
   adapter;
-- ``make_env``: ``gym.make``, wrapped in ``ExperienceAugmentation`` when a retriever is given;
+- ``make_env``: ``gym.make``, wrapped in ``ExperienceAugmentation`` when a retriever is given
+  (by default the experience stays in ``info``: the episode places it in its system prompt);
 - ``task_id_of``: an episode's task id (the env's own, else ``ENV_ID:SEED``).
 
 Importing it registers the CRL env ids (``crl_envs``).
@@ -20,18 +21,21 @@ import crl_envs  # noqa: F401  (registers the CRL ids)
 from crl_harness.experience.entries import clean_text
 from crl_harness.prompting import ANSWER_FORMAT, Conversation, system_prompt
 from crl_harness.rollout.records import EpisodeSpec, Trajectory, Turn
-from crl_wrappers.experience import DEFAULT_HEADER
+from crl_wrappers.experience import ExperienceAugmentation, Retriever, with_experience
 
 __all__ = ["LiveEpisode", "make_env", "task_id_of"]
 
 
-def make_env(env_id: str, retriever: Any = None, experience_k: int = 1, **kwargs: Any) -> gym.Env:
-    """``gym.make(env_id)``, wrapped in ``ExperienceAugmentation`` when a retriever is given."""
+def make_env(env_id: str, retriever: Retriever | None = None, experience_k: int = 1,
+             placement: str = "info", **kwargs: Any) -> gym.Env:
+    """``gym.make(env_id)``, wrapped in ``ExperienceAugmentation`` when a retriever is given.
+
+    ``placement``: the wrapper's. ``"info"`` (for ``LiveEpisode``, which places the experience
+    itself) leaves the observation and the instructions as the env wrote them; an agent that
+    reads ``info["instructions"]`` wants ``"instructions"``."""
     env = gym.make(env_id, **kwargs)
     if retriever is not None:
-        from crl_wrappers.experience import ExperienceAugmentation
-
-        env = ExperienceAugmentation(env, retriever, k=experience_k, placement="instructions")
+        env = ExperienceAugmentation(env, retriever, k=experience_k, placement=placement)
     return env
 
 
@@ -47,8 +51,13 @@ class LiveEpisode:
 
     ``tools``: a block appended to the system prompt (the search-and-ask instructions of a
     guided episode). ``answer_format``: how the system prompt asks the agent to answer
-    (``prompting.ANSWER_FORMAT``; the TRL adapter's asks for a tool call). ``experience`` is the experience text the system prompt carries;
-    ``set_experience`` replaces it before the first turn (the actor-critic gate's verdict).
+    (``prompting.ANSWER_FORMAT``; the TRL adapter's asks for a tool call).
+
+    The env is ``make_env``'s: its experience, if any, comes in ``info["experience"]`` only, and
+    the system prompt places it after the env's instructions (``with_experience``, the wrapper's
+    own rendering of ``placement="instructions"``). ``experience`` is the text the system prompt
+    carries; ``set_experience`` replaces it before the first turn (the actor-critic gate's
+    verdict).
 
     Text enters the prompts as valid Unicode (``clean_text``): a lone surrogate, which a JSON
     escape in a model's reply or a foreign env can produce, makes a tokenizer raise, and would
@@ -69,11 +78,10 @@ class LiveEpisode:
         self.state = ""  # the env's latest observation
         self.info: dict[str, Any] = {}  # the env's info of the latest reset or step
         self.done = False
-        self.instructions = ""  # the env's instructions without the experience block
+        self.instructions = ""  # the env's instructions
         self.experience = ""
         self.task_line = ""  # the task, when the observation does not already state it
         self.answered_asks = 0
-        self._placed = False  # the wrapper placed the experience block into the instructions
 
     def reset(self, with_experience_option: bool) -> None:
         options = dict(self.spec.options or {})
@@ -81,19 +89,10 @@ class LiveEpisode:
             options["use_experience"] = self.spec.use_experience
         observation, info = self.env.reset(seed=self.spec.seed, options=options)
         self.info = info
-        instructions = clean_text(info.get("instructions")
-                                  or getattr(self.env.unwrapped, "instructions", ""))
-        experience = clean_text(info.get("experience", "") or "")
+        self.instructions = clean_text(info.get("instructions")
+                                       or getattr(self.env.unwrapped, "instructions", ""))
+        self.experience = clean_text(info.get("experience", "") or "")
         observation = clean_text(observation)
-        # The wrapper appends "HEADER\nEXPERIENCE" to the instructions; it is kept apart so that
-        # the gate can remove or restate it, and put back in the same place otherwise.
-        block = f"{DEFAULT_HEADER}\n{experience}"
-        self._placed = bool(experience) and instructions.endswith(block)
-        if self._placed:
-            instructions = instructions[: -len(block)].removesuffix("\n\n")
-        elif experience in instructions:
-            experience = ""  # already in the instructions some other way
-        self.instructions, self.experience = instructions, experience
         task = clean_text(info.get("task", "") or "")
         self.task_line = "" if task in observation else task
         self.trajectory.task = task
@@ -114,14 +113,8 @@ class LiveEpisode:
         self.conversation.system = self._system()
 
     def _system(self) -> str:
-        instructions, experience = self.instructions, self.experience
-        if self._placed:
-            if experience:
-                block = f"{DEFAULT_HEADER}\n{experience}"
-                instructions = f"{instructions}\n\n{block}" if instructions else block
-            experience = ""
-        system = system_prompt(instructions, experience, task=self.task_line,
-                               answer_format=self.answer_format)
+        system = system_prompt(with_experience(self.instructions, self.experience),
+                               task=self.task_line, answer_format=self.answer_format)
         return f"{system}\n\n{self.tools}" if self.tools else system
 
     def observe(self, observation: str) -> None:

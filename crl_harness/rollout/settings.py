@@ -5,7 +5,7 @@ mixture's ``gym.make`` kwargs, one set per env id).
 
 A setting that is also an actor or experience setting of a training run (``ActorConfig``,
 ``ExperienceConfig``) is declared there, with its doc; here it only takes that default, so the
-two cannot drift. The engine's own settings (how many episodes at once, threads, credit, seed,
+two cannot drift. The engine's own settings (how many episodes at once, threads, seed,
 env kwargs) are declared here.
 """
 
@@ -64,9 +64,6 @@ class RolloutConfig:
     """``actor.format_penalty`` (0 disables)"""
     max_live: int = 64
     """Episodes played at once (the generate batch)."""
-    credit_entries: bool = True
-    """Report each guided episode's outcome for the entries it was shown as it ends; false: the
-    caller credits them (the trainer's relative credit needs the episode's whole group)."""
     workers: int = 1
     """Threads for env resets and steps (envs whose steps wait on a process or C code); keep 1
     for ALFWorld, whose game loading is not thread-safe."""
@@ -90,14 +87,13 @@ class RolloutConfig:
         """A training run's rollout settings: the actor's sampling, the experience switches, a
         whole step's episodes at once, ``run.rollout_workers`` threads and its mixture's env
         kwargs; ``overrides`` replace any of them. The seed stays None: sampling draws from
-        torch's global RNG, which checkpoints carry. With ``experience.credit: relative`` the
-        trainer credits the entries once a group has ended."""
+        torch's global RNG, which checkpoints carry."""
         a, e = cfg.actor, cfg.experience
         settings: dict[str, Any] = dict(
             max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
             history=a.history, format_penalty=a.format_penalty,
             max_live=cfg.tasks.groups_per_step * cfg.tasks.group_size,
-            credit_entries=e.credit == "outcome", workers=cfg.run.rollout_workers,
+            workers=cfg.run.rollout_workers,
             experience_k=e.k, seed=None, env_kwargs=env_kwargs_by_id(cfg.tasks.envs),
             actor_critic_gate=e.actor_critic_gate, search_and_ask=e.search_and_ask,
             max_asks=e.max_asks, max_query_chars=e.max_query_chars)

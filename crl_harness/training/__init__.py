@@ -5,7 +5,7 @@
   update of a causal LM from a loss function (the actor's GRPO, the extractor's CISPO).
 - ``packing``: ``pack_turns``, a multi-turn trajectory as one row (observations masked out) when
   its prompts only grow, else one row per turn.
-- ``batches``: a step's trajectories as the actor's training rows, and the relative credit.
+- ``batches``: a step's trajectories as the actor's training rows.
 - ``checkpoint``: atomic checkpoints (models, optimisers, bank, RNG states, step), what the
   trainer writes in them, and resume.
 - ``step_metrics``: what one training step logs (success, pairs, updates, bank, gate, asks).

@@ -1,26 +1,23 @@
-"""A step's batch of trajectories, as the actor trains on it and as the bank is credited from it.
+"""A step's batch of trajectories, as the actor trains on it (the bank is credited from it by
+``crl_harness.experience.credit_episodes``).
 
 Holds ``actor_rows`` (the GRPO rows of a step: advantages inside each (seed, guided/free)
 subgroup, one row per trajectory when its prompts only grow, else one per turn, with the token
-weights of "sequence-mean then batch-mean") and ``credit_relative`` (``experience.credit:
-relative``: each guided episode's score minus its group's free subgroup's mean, reported to the
-entries it was shown).
+weights of "sequence-mean then batch-mean").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
-from crl_harness.experience import free_baselines
 from crl_harness.losses import sequence_token_weights, subgroup_advantages
 from crl_harness.rollout import Trajectory
 from crl_harness.training.learner import TrainingRow
 from crl_harness.training.packing import pack_turns
 
-__all__ = ["actor_rows", "credit_relative"]
+__all__ = ["actor_rows"]
 
 
 def actor_rows(trajectories: Sequence[Trajectory], *,
@@ -58,18 +55,3 @@ def actor_rows(trajectories: Sequence[Trajectory], *,
         packed_fraction = packed / trained
     return rows, packed_fraction
 
-
-def credit_relative(experience: Any, trajectories: Sequence[Trajectory]) -> None:
-    """``experience.credit: relative``: each guided episode shown entries credits their
-    writers with its score minus its group's free subgroup's mean score (the engine, which
-    credits an episode as it ends, left them to this step: the group had to finish).
-
-    ``experience``: the experience service (its ``report_outcome``)."""
-    score = {id(t): 1.0 if t.won else t.score for t in trajectories}
-    baselines = free_baselines((t.group_id, t.use_experience, score[id(t)])
-                               for t in trajectories)
-    for t in trajectories:
-        if t.use_experience and t.experience_ids and t.group_id in baselines:
-            experience.report_outcome(
-                list(t.experience_ids), score[id(t)],
-                t.gate.critic if t.gate is not None else None, baselines[t.group_id])

@@ -1,10 +1,12 @@
-"""The experience side of a training run as one object: the bank, its Experience Manager and the
-extractor's batched generation, with checkpoint export and restore.
+"""The experience side of a training run, built and checkpointed: the bank, the extractor's
+batched generation and the Experience Manager over them.
 
 Holds ``BatchedGenerator`` (the extractor callable the manager calls from several threads; the
-calls are gathered into one batched ``generate``) and ``ExperienceService``. The same class runs
-in the trainer's process or as a Ray actor (``crl_harness.training.ray_backend``): every public
-method takes and returns plain, picklable data.
+calls are gathered into one batched ``generate``) and ``ExperienceService``, which builds the
+three, exports and restores them, and closes them; its ``manager`` is what the trainer and the
+rollouts call (an ``ExperienceClient``). The same class runs in the trainer's process or as a
+Ray actor (``crl_harness.training.ray_backend``): every public method takes and returns plain,
+picklable data.
 """
 
 from __future__ import annotations
@@ -18,14 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_harness.config import ExperienceConfig
-from crl_harness.experience import (
-    AskAnswer,
-    DistillationRequest,
-    ExperienceBank,
-    ExperienceManager,
-    GenerationReward,
-    ManagerConfig,
-)
+from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
 from crl_harness.experience.bank_file import _writer_lock
 from crl_harness.models.base import KV_CACHE_TOKENS, Generation, ModelBackend
 
@@ -100,7 +95,8 @@ class BatchedGenerator:
 
 
 class ExperienceService:
-    """The bank (``run_dir/bank.sqlite``), an ``ExperienceManager`` and the extractor.
+    """The bank (``run_dir/bank.sqlite``), the extractor's generator and the ``manager`` over
+    them (retrieval, distillation, credit: call it directly).
 
     ``extractor`` is a backend object (in one process: the very model the extractor learner
     trains) or a backend spec (a Ray actor builds its own copy, in ``dtype`` with
@@ -130,44 +126,6 @@ class ExperienceService:
         self.manager = ExperienceManager(self.bank, self.generator, ManagerConfig.from_config(
             config, format_failure_reward=format_failure_reward, seed=seed))
 
-    # ------------------------------------------------------------ the manager's interface
-    def retrieve(self, env_id: str, query: str, k: int = 1) -> list:
-        return self.manager.retrieve(env_id, query, k)
-
-    def report_outcome(self, entry_ids: list[str], score: float,
-                       critic: float | None = None, baseline: float | None = None) -> None:
-        self.manager.report_outcome(entry_ids, score, critic, baseline)
-
-    def ask(self, env_id: str, query: str, k: int = 1) -> AskAnswer:
-        return self.manager.ask(env_id, query, k)
-
-    def report_ask_outcome(self, generation_ids: list[str], score: float) -> None:
-        self.manager.report_ask_outcome(generation_ids, score)
-
-    def submit(self, requests: list[DistillationRequest]) -> None:
-        for request in requests:
-            self.manager.submit(request)
-
-    def flush(self, timeout: float | None = None) -> bool:
-        return self.manager.flush(timeout)
-
-    def merge_pass(self) -> int:
-        return self.manager.merge_pass()
-
-    def generation_rewards(self) -> list[GenerationReward]:
-        """Used generations not trained yet, each with its mean credit so far."""
-        return self.manager.generation_rewards()
-
-    def release_generations(self, generation_ids: list[str]) -> int:
-        """Forget generations once the extractor was trained on them."""
-        return self.manager.release_generations(generation_ids)
-
-    def drain_generation_rewards(self) -> list[GenerationReward]:
-        return self.manager.drain_generation_rewards()
-
-    def stats(self) -> dict[str, Any]:
-        return self.manager.stats()
-
     # ------------------------------------------------------------ weights
     @property
     def weights_lock(self) -> threading.Lock:
@@ -191,22 +149,16 @@ class ExperienceService:
         directory = Path(directory)
         self.manager.flush()
         n = self.bank.export_jsonl(directory / BANK_EXPORT)
-        ledger = self.manager.ledger
-        with ledger._lock:  # the ledger has no export of its own: copy its records under its lock
-            records = list(ledger._records.items())
         with open(directory / LEDGER_FILE, "wb") as handle:
-            pickle.dump(records, handle)
+            pickle.dump(self.manager.ledger.export(), handle)
         return n
 
     def import_ledger(self, directory: str | os.PathLike) -> None:
+        """The generations awaiting credit of a checkpoint (``export_state``'s), if it has any."""
         path = Path(directory) / LEDGER_FILE
         if path.exists():
             with open(path, "rb") as handle:
-                records = pickle.load(handle)
-            ledger = self.manager.ledger
-            with ledger._lock:
-                ledger._records.clear()
-                ledger._records.update(records)
+                self.manager.ledger.load(pickle.load(handle))
 
     @staticmethod
     def restore_bank(run_dir: str | os.PathLike, source: str | os.PathLike,

@@ -93,7 +93,8 @@ class LocalPlacement:
 
     def rollouts(self, cfg: TrainConfig, actor_backend: ModelBackend,
                  experience: Any) -> RolloutEngine:
-        return RolloutEngine(actor_backend, retriever=experience,
+        return RolloutEngine(actor_backend,
+                             retriever=experience.manager if experience is not None else None,
                              config=RolloutConfig.from_config(cfg))
 
     def push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:

@@ -2,7 +2,8 @@
 
 Holds ``RayPlacement`` (the ``Placement`` that puts the trainer's rollouts and its experience
 service into Ray actors; the learners stay in the driver and push their new weights after each
-update), ``RayRollouts``, ``RolloutWorker``, ``RemoteRetriever`` and ``start_ray``.
+update), ``RayRollouts``, ``RolloutWorker``, ``RemoteManager`` (the Experience Manager inside the
+service actor, an ``ExperienceClient`` for the rollout workers and the trainer) and ``start_ray``.
 
 Every actor asks for whole CPUs (``num_cpus=1``), never fractions; Ray runs with its own
 temporary directory and without its dashboard.
@@ -11,20 +12,24 @@ temporary directory and without its dashboard.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from crl_harness.config import LoRAConfig, TrainConfig
+from crl_harness.experience import AskAnswer
 from crl_harness.models.base import ModelBackend
 from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.learner import PolicyLearner
 from crl_harness.training.placement import experience_options
+from crl_wrappers.experience import ExperienceItem
 
-__all__ = ["RayPlacement", "RayRollouts", "RolloutWorker", "RemoteRetriever", "start_ray"]
+__all__ = ["RayPlacement", "RayRollouts", "RolloutWorker", "RemoteManager", "start_ray"]
 
 
 def start_ray(num_cpus: int) -> str:
@@ -39,32 +44,44 @@ def start_ray(num_cpus: int) -> str:
     return temp_dir
 
 
-class RemoteRetriever:
-    """The retriever protocol over the experience service actor (used inside rollout workers)."""
+class _ServiceActor(ExperienceService):
+    """``ExperienceService`` as a Ray actor: a caller outside reaches the manager through
+    ``manager_call`` (a Ray actor's remote methods are its class's own)."""
 
-    def __init__(self, service: Any) -> None:
-        self.service = service
+    def manager_call(self, method: str, *args: Any) -> Any:
+        return getattr(self.manager, method)(*args)
 
-    def retrieve(self, env_id: str, query: str, k: int = 1) -> list:
+
+class RemoteManager:
+    """The manager of an experience service actor (``handle``), each call blocking on its
+    answer: an ``ExperienceClient`` (rollout workers retrieve, ask and report through it) whose
+    other methods (``flush``, ``submit``, ``stats``, ...) reach the manager's the same way."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def retrieve(self, env_id: str, query: str, k: int = 1) -> list[ExperienceItem]:
+        return self._call("retrieve", env_id, query, k)
+
+    def ask(self, env_id: str, query: str, k: int = 1) -> AskAnswer:
+        return self._call("ask", env_id, query, k)
+
+    def report_outcome(self, entry_ids: Sequence[str], score: float,
+                       critic: float | None = None, baseline: float | None = None) -> None:
+        self._call("report_outcome", list(entry_ids), score, critic, baseline)
+
+    def report_ask_outcome(self, generation_ids: Sequence[str], score: float) -> None:
+        self._call("report_ask_outcome", list(generation_ids), score)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # no remote lookup for Python's own probes (copy, pickle)
+            raise AttributeError(name)
+        return functools.partial(self._call, name)
+
+    def _call(self, method: str, *args: Any) -> Any:
         import ray
 
-        return ray.get(self.service.retrieve.remote(env_id, query, k))
-
-    def report_outcome(self, entry_ids: list[str], score: float,
-                       critic: float | None = None) -> None:
-        import ray
-
-        ray.get(self.service.report_outcome.remote(list(entry_ids), score, critic))
-
-    def ask(self, env_id: str, query: str, k: int = 1) -> Any:
-        import ray
-
-        return ray.get(self.service.ask.remote(env_id, query, k))
-
-    def report_ask_outcome(self, generation_ids: list[str], score: float) -> None:
-        import ray
-
-        ray.get(self.service.report_ask_outcome.remote(list(generation_ids), score))
+        return ray.get(self.handle.manager_call.remote(method, *args))
 
 
 class RolloutWorker:
@@ -83,7 +100,7 @@ class RolloutWorker:
         self.lora = lora.enabled
         if self.lora:
             apply_lora(self.backend.model, lora)
-        retriever = RemoteRetriever(service) if service is not None else None
+        retriever = RemoteManager(service) if service is not None else None
         self.engine = RolloutEngine(self.backend, retriever=retriever, config=rollout)
 
     def run(self, specs: list[EpisodeSpec]) -> list[Trajectory]:
@@ -102,11 +119,13 @@ class RolloutWorker:
 
 
 class _RemoteExperience:
-    """The experience service actor behind the methods the trainer calls (blocking)."""
+    """The experience service actor as the trainer holds it: its ``manager`` (``RemoteManager``)
+    and its own methods (checkpoints, weights), each call blocking."""
 
     def __init__(self, handle: Any, lora: bool) -> None:
         self.handle = handle
         self.lora = lora
+        self.manager = RemoteManager(handle)
         self.weights_lock = contextlib.nullcontext()  # the learner's copy is not the generator's
 
     def __getattr__(self, name: str) -> Any:
@@ -170,7 +189,7 @@ class RayPlacement:
 
     def experience(self, cfg: TrainConfig, run_dir: Path, extractor_backend: ModelBackend,
                    extractor_spec: str, extractor: PolicyLearner | None) -> _RemoteExperience:
-        actor_cls = self._ray.remote(num_cpus=1, max_concurrency=16)(ExperienceService)
+        actor_cls = self._ray.remote(num_cpus=1, max_concurrency=16)(_ServiceActor)
         handle = actor_cls.remote(str(run_dir), cfg.experience, extractor_spec,
                                   lora=cfg.extractor.lora, dtype=cfg.extractor.dtype,
                                   kv_cache_tokens=cfg.kv_cache_tokens("extractor"),
