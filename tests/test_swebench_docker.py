@@ -244,16 +244,10 @@ def test_real_instance_gold_patch_resolves_in_docker(data_dir):
         pytest.skip(str(err))
     env = gym.make("CRL/SWEBench-v0", data_dir=folder, task_ids=["django__django-11099"],
                    docker_client=client)
-    from crl_envs.oracles import make_oracle
+    from crl_envs.oracles import make_oracle, play_episode
 
-    obs, info = env.reset(seed=0)
-    agent = make_oracle("CRL/SWEBench-v0", env)
-    agent.reset(obs, info)
-    done = False
-    while not done:
-        obs, reward, terminated, truncated, info = env.step(agent.act(obs, info))
-        done = terminated or truncated
-    assert reward == 1.0 and info["resolved"]
+    episode = play_episode(env, make_oracle("CRL/SWEBench-v0", env), seed=0)
+    assert episode.reward == 1.0 and episode.info["resolved"]
     env.close()
 
 
