@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import time
 import warnings
 from pathlib import Path
 
@@ -445,10 +444,9 @@ def test_hardening_docker_background_job_holding_the_output_does_not_hold_the_co
 
     client = FakeClient(local_images=[ROW["image"]])
     client.api = HeldAPI()
-    start = time.monotonic()
     box = DockerSandbox(ROW, client=client)
     result = box.run("python -m http.server &", timeout=30)
-    assert time.monotonic() - start < 5 and result.output == "started\n"
+    assert not result.timed_out and result.output == "started\n"  # held: timed out at 30 s
     assert box._shell_state.startswith(b"export KEPT=1")
     never.set()
     box.close()
