@@ -43,7 +43,7 @@ def _refused(call: Callable[[], object]) -> None:
 
 
 def tool_calls(tools: Tools) -> None:
-    """The pathological actions of tests/test_swebench_hardening.py, one after another."""
+    """The pathological actions of tests/envs/swebench/test_swebench_hardening.py, in turn."""
     _refused(lambda: parse_tool_call("<function=bash>" * (190_000 // len("<function=bash>"))))
     _refused(lambda: parse_tool_call("<function=" * 19_000))  # tags without their ">"
     _refused(lambda: parse_tool_call("<function=bash><parameter=command>"
