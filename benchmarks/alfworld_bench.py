@@ -37,7 +37,7 @@ import psutil
 
 import crl_envs  # noqa: F401  (registers the ids)
 from crl_envs.alfworld.data import TASK_TYPES, list_games
-from crl_envs.oracles import make_oracle
+from crl_envs.oracles import make_oracle, play_episode
 
 ENV_ID = "CRL/ALFWorld-v0"
 MAKE_IN_FRESH_PROCESS = (
@@ -188,14 +188,9 @@ def expert_all() -> int:
     wins, lost = 0, []
     start = time.perf_counter()
     for task_id, game in enumerate(games):
-        obs, info = env.reset(options={"task_id": task_id})
-        expert = make_oracle(ENV_ID, env)
-        expert.reset(obs, info)
-        terminated = truncated = False
-        while not (terminated or truncated):
-            obs, reward, terminated, truncated, info = env.step(expert.act(obs, info))
-        wins += bool(info["won"] and reward == 1.0)
-        if not info["won"]:
+        episode = play_episode(env, make_oracle(ENV_ID, env), options={"task_id": task_id})
+        wins += bool(episode.won and episode.reward == 1.0)
+        if not episode.won:
             lost.append(game.game_id)
         if (task_id + 1) % 25 == 0:
             print(f"  {wins}/{task_id + 1} won so far", flush=True)

@@ -52,7 +52,7 @@ import gymnasium as gym
 import numpy as np
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
-from crl_envs.oracles import make_oracle
+from crl_envs.oracles import make_oracle, play_episode
 from crl_harness.experience import (
     AddEntry,
     DistillationRequest,
@@ -321,15 +321,10 @@ def rollout_phase(env: gym.Env, env_id: str, seeds: list[int],
     agent = make_oracle(env_id, env)
     start = time.perf_counter()
     for seed in seeds:
-        obs, info = env.reset(seed=seed)
-        agent.reset(obs, info)
-        transcript = [obs]
-        done = False
-        while not done:
-            action = agent.act(obs, info)
-            obs, _, terminated, truncated, info = env.step(action)
+        episode = play_episode(env, agent, seed=seed)
+        info, transcript = episode.info, episode.observations[:1]
+        for action, obs in zip(episode.actions, episode.observations[1:], strict=True):
             transcript += [f"> {action}", obs]
-            done = terminated or truncated
         if manager is not None:
             manager.submit(DistillationRequest(
                 env_id, info["task"], "\n".join(transcript), bool(info["won"]),

@@ -16,6 +16,7 @@ import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the ids)
 from crl_envs.minihack.oracle import MiniHackOracle
+from crl_envs.oracles import play_episode
 
 CASES = [
     ("CRL/MiniHackRoom-v0", {}),
@@ -33,16 +34,11 @@ def evaluate(env_id: str, kwargs: dict, seeds: int, max_steps: int | None) -> di
     oracle = MiniHackOracle(env)
     wins, won_steps, truncated_count, terminated_lost = 0, [], 0, 0
     for seed in range(seeds):
-        obs, info = env.reset(seed=seed)
-        oracle.reset(obs, info)
-        step, terminated, truncated = 0, False, False
-        while not (terminated or truncated):
-            obs, _, terminated, truncated, info = env.step(oracle.act(obs, info))
-            step += 1
-        if info["won"]:
+        episode = play_episode(env, oracle, seed=seed)
+        if episode.won:
             wins += 1
-            won_steps.append(step)
-        elif truncated:
+            won_steps.append(episode.steps)
+        elif episode.truncated:
             truncated_count += 1
         else:
             terminated_lost += 1

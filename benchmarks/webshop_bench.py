@@ -23,7 +23,7 @@ import gymnasium as gym
 
 import crl_envs  # noqa: F401
 from crl_envs.data import resolve_data
-from crl_envs.oracles import make_oracle
+from crl_envs.oracles import make_oracle, play_episode
 from crl_envs.webshop.env import shared_resources
 from crl_envs.webshop.reward import get_reward
 from crl_envs.webshop.search import analyze
@@ -154,12 +154,7 @@ def main() -> None:
     oracle = make_oracle(ENV_ID, env)
     wins = 0
     for task_id in range(500):
-        obs, info = env.reset(options={"task_id": task_id})
-        oracle.reset(obs, info)
-        terminated = truncated = False
-        while not (terminated or truncated):
-            obs, reward, terminated, truncated, info = env.step(oracle.act(obs, info))
-        wins += reward == 1.0
+        wins += play_episode(env, oracle, options={"task_id": task_id}).reward == 1.0
     winnable = sum(
         get_reward(res.catalogue.by_asin[g["asin"]], g, res.catalogue.prices[g["asin"]],
                    dict(g["goal_options"]), res.nouns)[0] == 1.0

@@ -4,16 +4,24 @@ Oracles give upper bounds and prove that the text an env emits carries what an a
 The MiniHack and Sokoban oracles read only the text observation; the WebShop, ALFWorld and SWE
 oracles use the episode's own solution (goal product, walkthrough, gold patch), which is why
 ``make_oracle`` receives the env.
+
+Holds:
+- ``ScriptedAgent``: the step-at-a-time agent protocol (reset on the first observation, then act).
+- ``ORACLES`` / ``make_oracle``: each env id's scripted oracle.
+- ``Episode`` / ``play_episode``: one episode played to its end by any such agent (the loop that
+  tests, benchmarks and ``crl eval`` share).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import gymnasium as gym
 
-__all__ = ["ScriptedAgent", "ORACLES", "make_oracle"]
+__all__ = ["ScriptedAgent", "ORACLES", "make_oracle", "Episode", "play_episode"]
 
 
 class ScriptedAgent(Protocol):
@@ -46,3 +54,71 @@ def make_oracle(env_id: str, env: gym.Env) -> ScriptedAgent:
         raise KeyError(f"No scripted oracle for {env_id!r}; known: {', '.join(ORACLES)}.")
     module_name, class_name = ORACLES[env_id].split(":")
     return getattr(importlib.import_module(module_name), class_name)(env)
+
+
+@dataclass
+class Episode:
+    """One episode played to its end: ``observations[0]`` and ``infos[0]`` are the reset's,
+    ``observations[i + 1]``, ``rewards[i]`` and ``infos[i + 1]`` what ``actions[i]`` gave."""
+
+    observations: list[str] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    terminated: bool = False
+    truncated: bool = False
+
+    @property
+    def observation(self) -> str:
+        """The last observation."""
+        return self.observations[-1]
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The last info."""
+        return self.infos[-1]
+
+    @property
+    def reward(self) -> float:
+        """The last step's reward (the outcome's, for the CRL envs)."""
+        return self.rewards[-1] if self.rewards else 0.0
+
+    @property
+    def steps(self) -> int:
+        """How many actions the agent took."""
+        return len(self.actions)
+
+    @property
+    def won(self) -> bool:
+        """The env's verdict at the end (``info["won"]``)."""
+        return bool(self.info.get("won", False))
+
+
+def play_episode(env: gym.Env, agent: ScriptedAgent, seed: int | None = None,
+                 options: dict[str, Any] | None = None,
+                 after_step: Callable[[Episode], None] | None = None) -> Episode:
+    """Reset ``env``, then step it with ``agent``'s actions until terminated or truncated.
+
+    ``after_step`` sees the episode after each step (e.g. to read what the agent did there).
+
+    Example:
+        >>> import crl_envs
+        >>> env = gym.make("CRL/Sokoban-v0")
+        >>> episode = play_episode(env, make_oracle("CRL/Sokoban-v0", env), seed=0)
+        >>> episode.won, episode.reward, episode.terminated, episode.steps == len(episode.actions)
+        (True, 1.0, True, True)
+    """
+    observation, info = env.reset(seed=seed, options=options)
+    episode = Episode(observations=[observation], infos=[info])
+    agent.reset(observation, info)
+    while not (episode.terminated or episode.truncated):
+        action = agent.act(observation, info)
+        observation, reward, terminated, truncated, info = env.step(action)
+        episode.actions.append(action)
+        episode.observations.append(observation)
+        episode.rewards.append(float(reward))
+        episode.infos.append(info)
+        episode.terminated, episode.truncated = bool(terminated), bool(truncated)
+        if after_step is not None:
+            after_step(episode)
+    return episode

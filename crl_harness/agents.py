@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import gymnasium as gym
 
-from crl_envs.oracles import make_oracle
+from crl_envs.oracles import Episode, make_oracle, play_episode
 from crl_harness.models.base import ModelBackend
 from crl_harness.prompting import Conversation, parse_answer, system_prompt
 from crl_harness.rollout import (
@@ -125,28 +125,27 @@ def make_agent(spec: str, env_id: str, env: gym.Env, config: RolloutConfig | Non
 def run_episode(env: gym.Env, agent: Agent, spec: EpisodeSpec) -> Trajectory:
     """Play one episode of ``env`` with ``agent``; token fields stay empty for non-model agents."""
     traj = Trajectory.of(spec)
-    observation, info = env.reset(seed=spec.seed, options=dict(spec.options or {}))
-    traj.task = info.get("task", "") or ""
-    traj.task_id = task_id_of(spec.env_id, spec.seed, info)
-    traj.experience_ids = list(info.get("experience_ids", []))
-    agent.reset(observation, info)
-    done = False
-    while not done:
-        action = agent.act(observation, info)
+
+    def record(episode: Episode) -> None:
+        action, info = episode.actions[-1], episode.info
         turn = Turn(prompt_token_ids=[], token_ids=[], logprobs=[], text=action, action=action,
-                    observation=observation)
+                    observation=episode.observations[-2])
         if isinstance(agent, ModelAgent):
             turn.format_ok = agent.last_format_ok
             traj.format_failures += not agent.last_format_ok
-        observation, reward, terminated, truncated, info = env.step(action)
-        turn.reward, turn.action_valid = float(reward), bool(info.get("action_valid", True))
+        turn.reward, turn.action_valid = episode.reward, bool(info.get("action_valid", True))
         traj.turns.append(turn)
         traj.steps += 1
-        traj.reward += float(reward)
+        traj.reward += episode.reward
         traj.invalid_actions += not turn.action_valid
-        traj.won, traj.score = bool(info.get("won", False)), float(info.get("score", 0.0))
-        traj.terminated, traj.truncated = bool(terminated), bool(truncated)
-        done = terminated or truncated
+        traj.won, traj.score = episode.won, float(info.get("score", 0.0))
+        traj.terminated, traj.truncated = episode.terminated, episode.truncated
+
+    episode = play_episode(env, agent, spec.seed, dict(spec.options or {}), after_step=record)
+    reset_info = episode.infos[0]
+    traj.task = reset_info.get("task", "") or ""
+    traj.task_id = task_id_of(spec.env_id, spec.seed, reset_info)
+    traj.experience_ids = list(reset_info.get("experience_ids", []))
     traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score)
-    traj.final_observation = observation
+    traj.final_observation = episode.observation
     return traj

@@ -21,13 +21,9 @@ class ALFWorldExpert:
     Example:
         >>> import gymnasium as gym, crl_envs
         >>> env = gym.make("CRL/ALFWorld-v0", split="eval_out_of_distribution")
-        >>> obs, info = env.reset(seed=0)
-        >>> expert = ALFWorldExpert(env)
-        >>> expert.reset(obs, info)
-        >>> terminated = truncated = False
-        >>> while not (terminated or truncated):
-        ...     obs, reward, terminated, truncated, info = env.step(expert.act(obs, info))
-        >>> info["won"], reward
+        >>> from crl_envs.oracles import play_episode
+        >>> episode = play_episode(env, ALFWorldExpert(env), seed=0)
+        >>> episode.won, episode.reward
         (True, 1.0)
         >>> env.close()
     """

@@ -53,13 +53,9 @@ class GoldPatchAgent:
         >>> import warnings, gymnasium as gym, crl_envs
         >>> warnings.filterwarnings("ignore", message="LocalSandbox")
         >>> env = gym.make("CRL/SWEBenchToy-v0")
-        >>> obs, info = env.reset(seed=0)
-        >>> agent = GoldPatchAgent(env); agent.reset(obs, info)
-        >>> done = False
-        >>> while not done:
-        ...     obs, reward, terminated, truncated, info = env.step(agent.act(obs, info))
-        ...     done = terminated or truncated
-        >>> reward, info["resolved"]
+        >>> from crl_envs.oracles import play_episode
+        >>> episode = play_episode(env, GoldPatchAgent(env), seed=0)
+        >>> episode.reward, episode.info["resolved"]
         (1.0, True)
         >>> env.close()
     """

@@ -34,15 +34,9 @@ class MiniHackOracle:
 
     Example:
         >>> import gymnasium as gym, crl_envs
+        >>> from crl_envs.oracles import play_episode
         >>> env = gym.make("CRL/MiniHackRoom-v0", variant="plain")
-        >>> oracle = MiniHackOracle(env)
-        >>> obs, info = env.reset(seed=1)
-        >>> oracle.reset(obs, info)
-        >>> for _ in range(30):
-        ...     obs, reward, terminated, truncated, info = env.step(oracle.act(obs, info))
-        ...     if terminated or truncated:
-        ...         break
-        >>> info["won"]
+        >>> play_episode(env, MiniHackOracle(env), seed=1).won
         True
         >>> env.close()
     """

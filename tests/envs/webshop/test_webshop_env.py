@@ -12,7 +12,7 @@ from conftest import require_data
 
 import crl_envs  # noqa: F401  (registers the ids)
 from crl_envs.data import DataNotFoundError
-from crl_envs.oracles import make_oracle
+from crl_envs.oracles import make_oracle, play_episode
 from crl_envs.webshop.data import _search_text, load_catalogue
 from crl_envs.webshop.goals import split_indices, synthetic_goals
 
@@ -212,16 +212,12 @@ def test_oracle_reaches_the_upper_bound_on_the_500_test_goals(data):  # ~4 s, 15
     oracle = make_oracle(ENV_ID, env)
     wins, failures = 0, []
     for task_id in range(500):
-        obs, info = env.reset(options={"task_id": task_id})
-        oracle.reset(obs, info)
-        terminated = truncated = False
-        while not (terminated or truncated):
-            obs, reward, terminated, truncated, info = env.step(oracle.act(obs, info))
-            assert info["action_valid"]
-        assert terminated
-        wins += int(reward == 1.0)
-        if reward != 1.0:
-            failures.append((env.unwrapped.goal, info))
+        episode = play_episode(env, oracle, options={"task_id": task_id})
+        assert all(info["action_valid"] for info in episode.infos[1:])
+        assert episode.terminated
+        wins += int(episode.reward == 1.0)
+        if episode.reward != 1.0:
+            failures.append((env.unwrapped.goal, episode.info))
     # Upstream's reward cannot give 1.0 for 20 of these goals even for the exact goal purchase
     # (goal options reach get_option_reward as (name, value) pairs; see reward.py). The oracle
     # wins every other goal, and its 20 losses are exactly that quirk.

@@ -206,19 +206,11 @@ def _oracle_actions(env_id, seed, steps):
     """The oracle's own moves on the bare env: what the targets must clone."""
     import gymnasium as gym
 
-    from crl_envs.oracles import make_oracle
+    from crl_envs.oracles import make_oracle, play_episode
 
     env = gym.make(env_id, max_episode_steps=steps)
     try:
-        obs, info = env.reset(seed=seed)
-        oracle = make_oracle(env_id, env)
-        oracle.reset(obs, info)
-        actions, done = [], False
-        while not done:
-            actions.append(oracle.act(obs, info))
-            obs, _, terminated, truncated, info = env.step(actions[-1])
-            done = terminated or truncated
-        return actions
+        return play_episode(env, make_oracle(env_id, env), seed=seed).actions
     finally:
         env.close()
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -126,7 +127,7 @@ _WRITER = textwrap.dedent("""
 def test_acknowledged_writes_survive_sigkill(tmp_path):
     path = tmp_path / "crash.sqlite"
     child = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE,
-                             text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+                             text=True, cwd=Path(__file__).resolve().parents[3])
     acknowledged: dict[str, int] = {}
     deadline = time.monotonic() + 60
     while len(acknowledged) < 300 and time.monotonic() < deadline:
@@ -219,7 +220,7 @@ def test_hardening_bank_refuses_a_second_writer_and_foreign_files(tmp_path):
     path = tmp_path / "shared.sqlite"
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True,
-                              cwd=os.path.dirname(os.path.dirname(__file__)))
+                              cwd=Path(__file__).resolve().parents[3])
     try:
         assert holder.stdout.readline().strip() == "ready"
         with pytest.raises(BankError, match="open for writing in another process"):

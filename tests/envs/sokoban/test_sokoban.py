@@ -13,7 +13,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import crl_envs  # noqa: F401  (registers the ids)
-from crl_envs.oracles import make_oracle
+from crl_envs.oracles import make_oracle, play_episode
 from crl_envs.sokoban.env import SokobanEnv
 from crl_envs.sokoban.generator import generate_level
 from crl_envs.sokoban.level import Level
@@ -292,12 +292,8 @@ def test_text_only_oracle_wins_every_episode_within_the_limit():
     env = gym.make("CRL/Sokoban-v0")
     oracle = make_oracle("CRL/Sokoban-v0", env)
     for seed in range(200):
-        obs, info = env.reset(seed=seed)
-        oracle.reset(obs, info)
-        terminated = truncated = False
-        while not (terminated or truncated):
-            obs, reward, terminated, truncated, info = env.step(oracle.act(obs, info))
-        assert info["won"] and reward == 1.0 and not truncated, f"seed {seed}"
+        episode = play_episode(env, oracle, seed=seed)
+        assert episode.won and episode.reward == 1.0 and not episode.truncated, f"seed {seed}"
 
 
 def test_solver_agrees_with_independent_bfs_on_hand_levels():

@@ -185,16 +185,15 @@ def test_security_agent_git_config_does_not_run_on_submit(box, tmp_path):
     marker.unlink(missing_ok=True)
     assert edit(tools, command="str_replace", path=box.repo_dir + "/pkg/mod.py",
                 old_str="b = 2", new_str="b = 3").valid
-    start = time.monotonic()
     patch = box.diff()
-    assert time.monotonic() - start < 4 and not marker.exists()
+    assert not marker.exists()  # the fsmonitor hook (touch, then sleep 5) never ran
     assert "+b = 3" in patch
 
 
 # ----------------------------------------------------------------------------- 4: quadratic tools
 def test_hardening_long_or_pathological_actions_are_refused_quickly(box):
+    """How quickly (linear time): ``benchmarks/hardening_speed.py``."""
     tools = Tools(box)
-    start = time.monotonic()
     nested = "<function=bash>" * (190_000 // len("<function=bash>"))
     with pytest.raises(ToolCallError):
         parse_tool_call(nested)
@@ -205,7 +204,6 @@ def test_hardening_long_or_pathological_actions_are_refused_quickly(box):
         parse_tool_call(unclosed)
     result = tools.call("<function=bash>" * (MAX_ACTION_CHARS // 10))
     assert not result.valid and f"{MAX_ACTION_CHARS:,}" in result.output
-    assert time.monotonic() - start < 2
 
 
 def test_hardening_editor_refuses_files_too_large_to_load(box):

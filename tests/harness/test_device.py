@@ -30,7 +30,7 @@ from crl_harness.training.learner import PolicyLearner, TrainingRow  # noqa: E40
 
 torch.set_num_threads(1)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 CHATS = [[{"role": "user", "content": "go"}],
          [{"role": "system", "content": "You play a grid game."},

@@ -15,19 +15,13 @@ import crl_envs  # noqa: F401, E402  (registers the ids)
 from crl_envs.minihack import MiniHackEnv, make_raw_env  # noqa: E402
 from crl_envs.minihack.oracle import MiniHackOracle, parse_observation  # noqa: E402
 from crl_envs.minihack.render import UNEXPLORED  # noqa: E402
+from crl_envs.oracles import Episode, play_episode  # noqa: E402
 
 IDS = ["CRL/MiniHackRoom-v0", "CRL/MiniHackMaze-v0", "CRL/MiniHackKeyRoom-v0", "CRL/MiniHackRiver-v0"]
 
 
-def play_oracle(env: gym.Env, seed: int) -> dict:
-    oracle = MiniHackOracle(env)
-    obs, info = env.reset(seed=seed)
-    oracle.reset(obs, info)
-    for _ in range(100):
-        obs, reward, terminated, truncated, info = env.step(oracle.act(obs, info))
-        if terminated or truncated:
-            break
-    return {"obs": obs, "reward": reward, "terminated": terminated, "truncated": truncated, **info}
+def play_oracle(env: gym.Env, seed: int) -> Episode:
+    return play_episode(env, MiniHackOracle(env), seed=seed)
 
 
 @pytest.mark.parametrize("env_id", IDS)
@@ -168,22 +162,18 @@ def test_keyroom_pickup_apply_and_door_through_the_real_game():
     obs, info = env.reset(seed=0)
     _, _, _, _, info = env.step("apply key west")
     assert info["action_valid"] is False  # no key yet
-    oracle = MiniHackOracle(env)
-    obs, info = env.reset(seed=0)
-    oracle.reset(obs, info)
-    done, actions = False, []
-    while not done:
-        actions.append(oracle.act(obs, info))
-        obs, reward, terminated, truncated, info = env.step(actions[-1])
-        if actions[-1] == "pickup":
+    episode = play_oracle(env, seed=0)
+    actions = episode.actions
+    for action, obs, info in zip(actions, episode.observations[1:], episode.infos[1:],
+                                 strict=True):
+        if action == "pickup":
             assert "Key: none carried" not in obs
-        if actions[-1].startswith("apply key"):
+        if action.startswith("apply key"):
             assert info["action_valid"] and "open door (/)" in obs
-        done = terminated or truncated
     assert "pickup" in actions and any(a.startswith("apply key") for a in actions)
-    assert info["won"] and reward == 1.0 and terminated
-    assert "Outcome: you reached the staircase down" in obs
-    assert "Map (top-left" in obs  # the last picture survives the end of the game
+    assert episode.won and episode.reward == 1.0 and episode.terminated
+    assert "Outcome: you reached the staircase down" in episode.observation
+    assert "Map (top-left" in episode.observation  # the last picture survives the end of the game
     env.close()
 
 
@@ -215,7 +205,7 @@ def test_render_ansi_returns_the_observation():
 @pytest.mark.parametrize("env_id", ["CRL/MiniHackRoom-v0", "CRL/MiniHackMaze-v0", "CRL/MiniHackKeyRoom-v0"])
 def test_oracle_solves_most_seeds_within_30_steps(env_id):
     env = gym.make(env_id)
-    wins = sum(play_oracle(env, seed)["won"] for seed in range(1000, 1020))
+    wins = sum(play_oracle(env, seed).won for seed in range(1000, 1020))
     env.close()
     assert wins >= 18, f"{env_id}: oracle won {wins}/20"
 
@@ -223,7 +213,7 @@ def test_oracle_solves_most_seeds_within_30_steps(env_id):
 def test_oracle_on_river_plays_valid_actions():
     env = gym.make("CRL/MiniHackRiver-v0")
     result = play_oracle(env, seed=0)
-    assert result["action_valid"] and (result["terminated"] or result["truncated"])
+    assert result.info["action_valid"] and (result.terminated or result.truncated)
     env.close()
 
 
@@ -231,7 +221,7 @@ def test_oracle_on_river_plays_valid_actions():
 @pytest.mark.parametrize("env_id", ["CRL/MiniHackRoom-v0", "CRL/MiniHackMaze-v0", "CRL/MiniHackKeyRoom-v0"])
 def test_oracle_rate_over_200_seeds(env_id):
     env = gym.make(env_id)
-    wins = sum(play_oracle(env, seed)["won"] for seed in range(200))
+    wins = sum(play_oracle(env, seed).won for seed in range(200))
     env.close()
     assert wins >= 180, f"{env_id}: oracle won {wins}/200"
 
@@ -240,7 +230,7 @@ def test_river_oracle_wins_most_seeds_within_the_registered_limit():
     """The scripted oracle wins River within ``RIVER_STEPS`` (seeds 0-59: 55, 100-159: 56,
     0-299: 281 of 300 with ``crl eval --agent scripted``; its losses run out of boulders)."""
     env = gym.make("CRL/MiniHackRiver-v0")
-    wins = sum(play_oracle(env, seed)["won"] for seed in range(20))
+    wins = sum(play_oracle(env, seed).won for seed in range(20))
     env.close()
     assert wins >= 18, f"oracle won {wins}/20"
 
@@ -255,15 +245,9 @@ def test_river_registered_limit_covers_the_oracles_crossing(seed):
     limit = gym.spec("CRL/MiniHackRiver-v0").max_episode_steps
     assert limit == crl_envs.RIVER_STEPS >= 100
     env = gym.make("CRL/MiniHackRiver-v0", max_episode_steps=350)
-    oracle = MiniHackOracle(env)
-    obs, info = env.reset(seed=seed)
-    oracle.reset(obs, info)
-    steps, done = 0, False
-    while not done:
-        obs, reward, terminated, truncated, info = env.step(oracle.act(obs, info))
-        steps, done = steps + 1, terminated or truncated
+    episode = play_oracle(env, seed)
     env.close()
-    assert info["won"] and steps <= limit, (seed, steps)
+    assert episode.won and episode.steps <= limit, (seed, episode.steps)
 
 
 def test_river_push_plan_goes_any_direction():

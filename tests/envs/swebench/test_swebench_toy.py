@@ -9,7 +9,7 @@ import gymnasium as gym
 import pytest
 
 import crl_envs  # noqa: F401  (registers the ids)
-from crl_envs.oracles import make_oracle
+from crl_envs.oracles import make_oracle, play_episode
 from crl_envs.swebench.sandbox import UnisolatedSandboxWarning
 from crl_envs.swebench.tools import format_tool_call
 
@@ -52,15 +52,9 @@ def test_reset_shows_issue_and_repo_location():
 
 def test_gold_patch_resolves_with_reward_one():
     env = make_env()
-    obs, info = env.reset(seed=0)
-    agent = make_oracle(ENV_ID, env)
-    agent.reset(obs, info)
-    steps = 0
-    terminated = truncated = False
-    while not (terminated or truncated):
-        obs, reward, terminated, truncated, info = env.step(agent.act(obs, info))
-        steps += 1
-    assert (reward, terminated, truncated) == (1.0, True, False)
+    episode = play_episode(env, make_oracle(ENV_ID, env), seed=0)
+    info, steps = episode.info, episode.steps
+    assert (episode.reward, episode.terminated, episode.truncated) == (1.0, True, False)
     assert info["resolved"] and info["won"] and info["submitted_by"] == "submit"
     assert info["fail_to_pass"] == 1.0 and info["pass_to_pass"] == 1.0
     assert "sorted(intervals)" in info["patch"]
@@ -239,13 +233,8 @@ def test_local_sandbox_on_a_rows_file_with_a_folder_of_clones(tmp_path):
     subprocess.run(["git", "-c", "user.name=a", "-c", "user.email=a@a", "commit", "-qam", "later"],
                    cwd=clone, check=True)
     env = SWEBenchEnv(dataset=rows, sandbox="local", repos_dir=tmp_path / "repos")
-    obs, info = env.reset(seed=0)
+    env.reset(seed=0)
     assert "BROKEN" not in env.sandbox.read_file(env.sandbox.repo_dir + "/intervals/core.py")
-    agent = make_oracle(ENV_ID, env)
-    agent.reset(obs, info)
-    while True:
-        obs, reward, terminated, truncated, info = env.step(agent.act(obs, info))
-        if terminated or truncated:
-            break
-    assert reward == 1.0 and info["env_id"] == "CRL/SWEBench-v0"
+    episode = play_episode(env, make_oracle(ENV_ID, env), seed=0)
+    assert episode.reward == 1.0 and episode.info["env_id"] == "CRL/SWEBench-v0"
     env.close()

@@ -83,16 +83,15 @@ def test_bash_reports_exit_code_and_stderr(tools):
 
 
 def test_bash_stdin_is_closed(tools):
-    start = time.monotonic()
-    result = bash(tools, "cat; echo done")
-    assert result.output.endswith("done\n[exit code 0]") and time.monotonic() - start < 1
+    result = bash(tools, "cat; echo done")  # an open stdin: cat waits for the 1 s timeout
+    assert result.output.endswith("done\n[exit code 0]") and "timed out" not in result.output
 
 
 def test_bash_timeout_kills_whole_process_group(tools, tmp_path):
     pid_file = tmp_path / "child.pid"
     start = time.monotonic()
     result = bash(tools, f"sleep 60 & echo $! > {pid_file}; echo started; sleep 60")
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # a hang guard: the timeout is 1 s, the sleeps 60
     assert result.output.startswith("started\n") and "timed out after 1 seconds" in result.output
     child = int(pid_file.read_text())
     deadline = time.monotonic() + 2
@@ -263,9 +262,8 @@ def test_crlf_line_endings_survive_an_edit(tools):
 
 
 def test_background_writer_does_not_hold_the_command(tools, tmp_path):
-    start = time.monotonic()
     result = bash(tools, f"echo ok; (while true; do echo spam; done) & echo $! > {tmp_path}/w.pid")
-    assert time.monotonic() - start < 0.9 and "ok" in result.output and "timed out" not in result.output
+    assert "ok" in result.output and "timed out" not in result.output  # held: the 1 s timeout
     os.kill(int((tmp_path / "w.pid").read_text()), 9)
 
 

@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 import crl_envs
 from crl_envs.errors import UserFacingError
-from crl_envs.oracles import make_oracle
+from crl_envs.oracles import make_oracle, play_episode
 from crl_harness.experience import AddEntry, ExperienceBank, ExperienceManager
 from crl_wrappers import DEFAULT_HEADER, ExperienceAugmentation
 from crl_wrappers.experience import retrieval_query
@@ -90,13 +90,7 @@ def test_episode_end_credits_the_writer(env_id, manager):
     seed_bank(manager, env_id, retrieval_query("", info))
     # Instructions placement: the oracle reads the observation, which stays the env's own.
     wrapped = ExperienceAugmentation(env, manager, placement="instructions")
-    agent = make_oracle(env_id, wrapped)
-    obs, info = wrapped.reset(seed=3)
-    agent.reset(obs, info)
-    done = False
-    while not done:
-        obs, _, terminated, truncated, info = wrapped.step(agent.act(obs, info))
-        done = terminated or truncated
+    info = play_episode(wrapped, make_oracle(env_id, wrapped), seed=3).info
     [reward] = manager.drain_generation_rewards()
     expected = 1.0 if info["won"] else (info["score"] if info["score"] > 0 else -1.0)
     assert (reward.generation_id, reward.n_uses, reward.reward) == ("gen-under-test", 1, expected)

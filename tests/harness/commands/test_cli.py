@@ -25,21 +25,14 @@ def test_play_reads_actions_reports_invalid_and_quits_on_eof():
 def test_play_finishes_an_episode_with_the_oracle_moves():
     import gymnasium as gym
 
-    from crl_envs.oracles import make_oracle
+    from crl_envs.oracles import make_oracle, play_episode
 
     env = gym.make("CRL/Sokoban-v0")
-    obs, info = env.reset(seed=5)
-    oracle = make_oracle("CRL/Sokoban-v0", env)
-    oracle.reset(obs, info)
-    moves, done = [], False
-    while not done:
-        action = oracle.act(obs, info)
-        moves.append(action)
-        obs, _, terminated, truncated, info = env.step(action)
-        done = terminated or truncated
-    assert info["won"]
+    episode = play_episode(env, make_oracle("CRL/Sokoban-v0", env), seed=5)
+    assert episode.won
     stdout = io.StringIO()
-    returns = play("CRL/Sokoban-v0", seed=5, stdin=io.StringIO("\n".join(moves) + "\n"), stdout=stdout)
+    moves = "\n".join(episode.actions) + "\n"
+    returns = play("CRL/Sokoban-v0", seed=5, stdin=io.StringIO(moves), stdout=stdout)
     assert returns == [1.0] and "WON" in stdout.getvalue()
 
 

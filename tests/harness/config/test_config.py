@@ -138,7 +138,7 @@ def test_hardening_override_alias_bomb_is_refused():
     """Nine nested aliases are 10^9 nodes once expanded: refused in a moment, in bounded
     memory (run in a child with a memory cap and a deadline, so a regression fails, not hangs)."""
     done = subprocess.run([sys.executable, "-c", _ALIAS_BOMB], capture_output=True, text=True,
-                          timeout=60, cwd=Path(__file__).resolve().parent.parent)
+                          timeout=60, cwd=Path(__file__).resolve().parents[3])
     assert done.returncode == 0 and "aliases" in done.stdout, done.stderr[-2000:]
     with pytest.raises(ConfigError, match="nests deeper"):
         load_config(None, ["name=" + "[" * 200 + "]" * 200])

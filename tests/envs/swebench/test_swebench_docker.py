@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import time
 import warnings
 from pathlib import Path
 
@@ -244,16 +243,10 @@ def test_real_instance_gold_patch_resolves_in_docker(data_dir):
         pytest.skip(str(err))
     env = gym.make("CRL/SWEBench-v0", data_dir=folder, task_ids=["django__django-11099"],
                    docker_client=client)
-    from crl_envs.oracles import make_oracle
+    from crl_envs.oracles import make_oracle, play_episode
 
-    obs, info = env.reset(seed=0)
-    agent = make_oracle("CRL/SWEBench-v0", env)
-    agent.reset(obs, info)
-    done = False
-    while not done:
-        obs, reward, terminated, truncated, info = env.step(agent.act(obs, info))
-        done = terminated or truncated
-    assert reward == 1.0 and info["resolved"]
+    episode = play_episode(env, make_oracle("CRL/SWEBench-v0", env), seed=0)
+    assert episode.reward == 1.0 and episode.info["resolved"]
     env.close()
 
 
@@ -451,10 +444,9 @@ def test_hardening_docker_background_job_holding_the_output_does_not_hold_the_co
 
     client = FakeClient(local_images=[ROW["image"]])
     client.api = HeldAPI()
-    start = time.monotonic()
     box = DockerSandbox(ROW, client=client)
     result = box.run("python -m http.server &", timeout=30)
-    assert time.monotonic() - start < 5 and result.output == "started\n"
+    assert not result.timed_out and result.output == "started\n"  # held: timed out at 30 s
     assert box._shell_state.startswith(b"export KEPT=1")
     never.set()
     box.close()

@@ -217,20 +217,19 @@ def test_hardening_refine_knowledge_with_a_lone_surrogate_is_cleaned_not_a_crash
     assert f"{DEFAULT_HEADER}\n\ufffd go up" in _first_action_system(actor)
 
 
-def test_hardening_reply_parsers_take_linear_time():
-    import time
-
+def test_hardening_reply_parsers_answer_pathological_replies():
+    """Unclosed and repeated tags: no block, no crash (that they take linear time is measured
+    by ``benchmarks/hardening_speed.py``)."""
     from crl_harness.experience.ask import parse_answer_text
     from crl_harness.prompting import parse_answer
 
-    replies = [(parse_answer, "<think>" + "</think><answer>" * 4_000),
-               (parse_verdict, "<answer>" * 8_000), (parse_answer_text, "<answer>" * 8_000),
-               (parse_ask, "<think>" + "</think>" * 8_000)]
-    for parse, reply in replies:
-        reply = (reply * (65_536 // len(reply) + 1))[:65_536]
-        started = time.perf_counter()
-        parse(reply)
-        assert time.perf_counter() - started < 0.1, parse.__name__
+    def long(reply: str) -> str:
+        return (reply * (65_536 // len(reply) + 1))[:65_536]
+
+    assert parse_answer(long("<think>" + "</think><answer>" * 4_000)).action is None
+    assert parse_verdict(long("<answer>" * 8_000)).format_ok is False
+    assert parse_answer_text(long("<answer>" * 8_000)) is None
+    assert parse_ask(long("<think>" + "</think>" * 8_000)) is None
     assert parse_verdict('<answer>{"verdict": "reject"}</answer><answer>x').verdict == "reject"
     assert parse_verdict("<answer>" + "[" * 100_000 + "</answer>").error  # too deep, no crash
 

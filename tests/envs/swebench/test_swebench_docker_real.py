@@ -268,9 +268,8 @@ def test_hardening_docker_binary_blob_in_a_file(env, host_sentinel):
 
 def test_hardening_docker_commands_waiting_on_stdin(env, host_sentinel):
     env.reset(seed=0)
-    started = time.monotonic()
     obs, info = bash(env, "cat; read line; python3; echo read=$?")
-    assert "read=0" in obs and time.monotonic() - started < 4, obs
+    assert "read=0" in obs and "timed out" not in obs, obs  # an open stdin: the 5 s timeout
     goes_on(env)
 
 
