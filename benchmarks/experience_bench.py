@@ -215,7 +215,7 @@ def bench_retrieval(args: argparse.Namespace, backend: str, n_entries: int,
         bank.apply(synthetic_lessons(n_entries, [env_id], rng))
         start = time.perf_counter()
         manager = ExperienceManager(
-            bank, config=ManagerConfig(retrieval=RetrievalConfig(backend=backend)))
+            bank, config=ManagerConfig(retrieval=RetrievalConfig(index=backend)))
         index_s = time.perf_counter() - start
         retrieval_round(manager, env_id, queries, max(args.clients), 5)  # warm-up
         for clients in args.clients:

@@ -115,7 +115,7 @@ def hit_rate(cfg, seeds: list[int], routes: dict, query: str, rerank: bool,
 
     e = cfg.experience
     released = RetrievalConfig()  # the re-rank's released settings, whatever the config says
-    retrieval = RetrievalConfig(backend=e.retrieval, candidates=released.candidates,
+    retrieval = RetrievalConfig(index=e.retrieval, candidates=released.candidates,
                                 count_penalty=released.count_penalty if rerank else 0.0,
                                 demotion_prob=released.demotion_prob if rerank else 0.0,
                                 recency_window_s=released.recency_window_s)

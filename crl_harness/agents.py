@@ -124,7 +124,7 @@ def make_agent(spec: str, env_id: str, env: gym.Env, config: RolloutConfig | Non
 
 def run_episode(env: gym.Env, agent: Agent, spec: EpisodeSpec) -> Trajectory:
     """Play one episode of ``env`` with ``agent``; token fields stay empty for non-model agents."""
-    traj = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience)
+    traj = Trajectory.of(spec)
 
     def record(episode: Episode) -> None:
         action, info = episode.actions[-1], episode.info

@@ -152,16 +152,11 @@ def evaluate_levels(cfg: Any, actor: str,
     the weights' dtype of an ``hf:`` actor (part of the cache key); it plays on the engine that
     ``cfg`` rolls out with (``load_actor``)."""
     from crl_harness.eval import evaluate, write_report
-    from crl_harness.rollout import EpisodeSpec, RolloutConfig
+    from crl_harness.rollout import EpisodeSpec, RolloutConfig, env_kwargs_by_id
 
-    env_kwargs: dict[str, dict[str, Any]] = {}
-    for entry in cfg.tasks.envs:  # the rollout engine keeps one set of kwargs per env id
-        if env_kwargs.setdefault(entry.id, dict(entry.kwargs)) != dict(entry.kwargs):
-            raise ValueError(f"tasks.envs lists {entry.id} twice with different kwargs; the "
-                             "rollout engine keeps one set of kwargs per env id.")
     rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
                             history=cfg.actor.history, experience_k=cfg.experience.k,
-                            env_kwargs=env_kwargs)
+                            env_kwargs=env_kwargs_by_id(cfg.tasks.envs))
     fingerprint = model_hash(actor) if cache is not None else None
     engine = cfg.actor.rollout_engine if actor.startswith("hf:") else "hf"
 

@@ -1,7 +1,8 @@
 """The Complementary RL training loop (docs/method.md; the step: docs/design.md), top to bottom.
 
-Holds ``Trainer``, the loop; the parts it is handed are in ``crl_harness.training``: the rows the
-learners train on (``batches``), the learners (``learner``), what a step logs (``step_metrics``,
+Holds ``Trainer``, the loop; the parts it is handed are in ``crl_harness.training``: where they
+run (``placement``: one process, or Ray actors, chosen by the command), the rows the learners
+train on (``batches``), the learners (``learner``), what a step logs (``step_metrics``,
 ``metrics``), checkpoints and resuming (``checkpoint``). One step:
 
 1. flush the Experience Manager (pending bank updates land before the rollout phase);
@@ -16,8 +17,9 @@ learners train on (``batches``), the learners (``learner``), what a step logs (`
    ``train_after`` are waiting, update the extractor with CISPO (arm ``co-evolve`` only) and
    release them;
 6. every ``merge_every`` steps, queue a merge pass over the bank;
-7. push the new weights to the rollout backend (a no-op in one process: the learners train the
-   backends' own models), log metrics, checkpoint every ``checkpoint_every`` steps.
+7. push the new weights to whatever generates with a copy of them (the placement's work; a
+   no-op in one process with ``rollout_engine: hf``: the learners train the backends' own
+   models), log metrics, checkpoint every ``checkpoint_every`` steps.
 
 Two warm-ups, one by default as in the released code. Retrieval warm-up, the first
 ``experience.retrieval_warmup_steps`` steps (null: ``actor.warmup_steps``): nothing is retrieved
@@ -52,7 +54,7 @@ from crl_harness.config import TrainConfig, config_to_dict, updated_lesson_steps
 from crl_harness.experience import DistillationRequest, GenerationReward, credit_episodes
 from crl_harness.losses import cispo_loss, extractor_advantages, grpo_loss, sequence_token_weights
 from crl_harness.models import load_backend
-from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from crl_harness.rollout import EpisodeSpec
 from crl_harness.training.batches import actor_rows
 from crl_harness.training.checkpoint import (
     Checkpointer,
@@ -65,10 +67,10 @@ from crl_harness.training.checkpoint import (
 from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats
 from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
+from crl_harness.training.placement import LocalPlacement, Placement
 from crl_harness.training.run_directory import ResumeError, RunDirectory, RunDirectoryError
 from crl_harness.training.sampler import TaskSampler
 from crl_harness.training.step_metrics import step_metrics
-from crl_harness.training.vllm_sync import SyncedVLLM
 
 __all__ = ["Trainer", "ResumeError", "RunDirectoryError"]
 
@@ -77,13 +79,17 @@ class Trainer:
     """Runs a ``TrainConfig``: ``Trainer(cfg).train()``; ``resume=True`` continues the run in
     ``cfg.run.output_dir`` from its latest checkpoint (models, optimisers, bank, RNG, step).
 
-    A fresh run refuses a run directory that holds another run, unless ``overwrite`` (which
-    deletes that run first); see ``RunDirectory``. ``last_checkpoint`` is the checkpoint this
-    run saved last (after ``train()``: its final step's)."""
+    ``placement`` says where the rollouts, the experience service and the sampling backends run
+    (``LocalPlacement``, the default: this process; ``ray_backend.RayPlacement``: Ray actors);
+    the trainer closes it. A fresh run refuses a run directory that holds another run, unless
+    ``overwrite`` (which deletes that run first); see ``RunDirectory``. ``last_checkpoint`` is
+    the checkpoint this run saved last (after ``train()``: its final step's)."""
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
+    def __init__(self, cfg: TrainConfig, *, placement: Placement | None = None,
+                 resume: bool = False, overwrite: bool = False,
                  on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
         self.cfg = cfg
+        self.placement: Placement = placement if placement is not None else LocalPlacement()
         self.run_dir = Path(cfg.run.output_dir)
         self.on_step = on_step
         if cfg.trains_extractor and updated_lesson_steps(cfg) < 2:
@@ -94,11 +100,16 @@ class Trainer:
                 f"cannot show; give run.steps >= {cfg.run.steps + 2 - updated_lesson_steps(cfg)} "
                 "(docs/experience.md, Credit and schedule)", stacklevel=2)
         # Refused (live, or another run's folder) before anything loads or changes on disk.
-        self.run = (RunDirectory.reopen(self.run_dir) if resume
-                    else RunDirectory.create(self.run_dir, overwrite=overwrite))
+        try:
+            self.run = (RunDirectory.reopen(self.run_dir) if resume
+                        else RunDirectory.create(self.run_dir, overwrite=overwrite))
+        except BaseException:
+            self.placement.close()
+            raise
         try:
             self._build(resume)
         except BaseException:
+            self.placement.close()
             if resume:  # the resumed run's folder stays as it was
                 self.run.close()
             else:  # a fresh run that never started leaves the folder free
@@ -122,13 +133,13 @@ class Trainer:
 
         # The actor: a learner that trains a transformers model, and what its rollouts generate
         # with: that same model (rollout_engine hf) or a vLLM engine synced after each update.
-        self.engines: dict[str, SyncedVLLM] = {}
         learner_backend = load_backend(cfg.actor.model, dtype=cfg.actor.dtype,
-                                       kv_cache_tokens=cfg.actor.kv_cache_tokens,
+                                       kv_cache_tokens=cfg.kv_cache_tokens("actor"),
                                        kv_reuse=cfg.actor.rollout_engine == "hf")
         self.tokenizer = learner_backend.tokenizer
         self.actor = self._learner("actor", learner_backend.model)
-        self.actor_backend = self._sampler("actor", learner_backend)
+        self.actor_backend = self.placement.sampling_backend(cfg, "actor", self.actor,
+                                                             learner_backend)
 
         # The extractor and the bank (not in the arm without experience).
         self.experience: ExperienceService | None = None
@@ -142,9 +153,12 @@ class Trainer:
                 dtype=cfg.extractor.dtype, kv_cache_tokens=cfg.kv_cache_tokens("extractor"))
             if cfg.trains_extractor:
                 self.extractor = self._learner("extractor", extractor_backend.model)
-                extractor_backend = self._sampler("extractor", extractor_backend)
-            self.experience = self._make_experience(extractor_backend, checkpoint)
-        self.rollouts = self._make_rollouts()
+                extractor_backend = self.placement.sampling_backend(
+                    cfg, "extractor", self.extractor, extractor_backend)
+            self._prepare_bank(checkpoint)
+            self.experience = self.placement.experience(cfg, self.run_dir, extractor_backend,
+                                                        spec, self.extractor)
+        self.rollouts = self.placement.rollouts(cfg, self.actor_backend, self.experience)
         self.sampler = TaskSampler(cfg.tasks, cfg.run.seed)
         self.awaiting_training = 0  # used extractor generations not trained yet
         self.counters: dict[str, float] = defaultdict(float)
@@ -166,17 +180,6 @@ class Trainer:
             model, lr=settings.lr, max_grad_norm=settings.max_grad_norm,
             temperature=settings.temperature, micro_batch_size=settings.micro_batch_size,
             lora=settings.lora, recompute_old_logprobs=recompute)
-
-    def _sampler(self, role: str, learner_backend: Any) -> Any:
-        """The backend ``role`` generates with: the learner's own (hf), or a vLLM engine started
-        from the learner's weights (vllm; ``self.engines[role]``, synced in step 7)."""
-        if getattr(self.cfg, role).rollout_engine != "vllm":
-            return learner_backend
-        engine = SyncedVLLM(getattr(self, role), learner_backend.tokenizer,
-                            max_context=learner_backend.max_context,
-                            kv_cache_tokens=self.cfg.kv_cache_tokens(role), seed=self.cfg.run.seed)
-        self.engines[role] = engine
-        return engine.backend
 
     # ================================================================== the loop
     def train(self) -> dict[str, float]:
@@ -224,9 +227,8 @@ class Trainer:
         #    docs/method.md); during the retrieval warm-up they played without experience, and
         #    fill the bank.
         if self.experience is not None:
-            G, guided = cfg.tasks.group_size, cfg.tasks.guided_per_group
-            for i, t in enumerate(results):
-                if i % G < guided and not t.error:
+            for t in results:
+                if t.guided and not t.error:
                     self.experience.manager.submit(DistillationRequest(
                         t.env_id, t.task, t.transcript, t.won, t.score, list(t.experience_ids),
                         step))
@@ -254,8 +256,8 @@ class Trainer:
 
         # 7. New weights reach the rollout backend and the extractor's generator.
         t0 = time.perf_counter()
-        self._push_weights(actor_stats is not None and actor_stats.rows > 0,
-                           extractor_stats is not None and extractor_stats.rows > 0)
+        self.placement.push_weights(actor_stats is not None and actor_stats.rows > 0,
+                                    extractor_stats is not None and extractor_stats.rows > 0)
         times["sync"] = time.perf_counter() - t0
         self._check_logprob_gap(actor_stats, extractor_stats)
         manager = self.experience.manager if self.experience is not None else None
@@ -283,12 +285,13 @@ class Trainer:
 
     # ================================================================== steps of the loop
     def _episode_specs(self, step: int, retrieve: bool = True) -> list[EpisodeSpec]:
-        """G specs per drawn seed, in order; slot j < guided_per_group of a group is the guided
-        one (it retrieves when ``retrieve``)."""
+        """G specs per drawn seed, in order; slot j < guided_per_group of a group is a guided
+        one (``EpisodeSpec.guided``; it retrieves when ``retrieve``), the others free."""
         t = self.cfg.tasks
-        guided = t.guided_per_group if self.cfg.uses_experience and retrieve else 0
+        guided = t.guided_per_group if self.cfg.uses_experience else 0
         return [
-            EpisodeSpec(draw.env_id, draw.seed, group_id=index, use_experience=j < guided,
+            EpisodeSpec(draw.env_id, draw.seed, group_id=index, guided=j < guided,
+                        use_experience=retrieve and j < guided,
                         options=dict(t.envs[draw.env_index].options) or None)
             for index, draw in enumerate(self.sampler.sample(step))
             for j in range(t.group_size)
@@ -354,58 +357,13 @@ class Trainer:
         (``crl eval`` and vLLM read it without peft)."""
         return save_merged_actor(self.actor, self.tokenizer, directory)
 
-    # ================================================================== where things run
-    # One process here; ``crl_harness.training.ray_backend.RayTrainer`` moves the rollouts and
-    # the experience service into Ray actors by overriding these three methods.
+    # ================================================================== plumbing
     def _prepare_bank(self, checkpoint: Path | None) -> None:
         """The bank a run starts from: a resumed run's checkpoint's, else
         ``experience.initial_bank``'s entries, else none (a fresh run's folder holds no bank)."""
         source = checkpoint or self.cfg.experience.initial_bank
         if source:
             ExperienceService.restore_bank(self.run_dir, source, self.cfg.experience.capacity)
-
-    def _make_experience(self, extractor_backend: Any, checkpoint: Path | None) -> Any:
-        """The bank and its manager; the extractor generates with the learner's own model."""
-        self._prepare_bank(checkpoint)
-        return ExperienceService(
-            self.run_dir, self.cfg.experience, extractor_backend,
-            max_new_tokens=self.cfg.extractor.max_new_tokens,
-            temperature=self.cfg.extractor.temperature, top_p=self.cfg.extractor.top_p,
-            seed=self.cfg.run.seed, format_failure_reward=self.cfg.extractor.format_penalty)
-
-    def _make_rollouts(self) -> Any:
-        manager = self.experience.manager if self.experience is not None else None
-        return RolloutEngine(self.actor_backend, retriever=manager, config=self._rollout_config())
-
-    def _push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:
-        """In one process an hf engine needs nothing (the learner trained its model in place);
-        a vLLM engine is given the learner's new weights."""
-        if actor_updated and "actor" in self.engines:
-            self.engines["actor"].sync()
-        if extractor_updated and "extractor" in self.engines:
-            assert self.experience is not None
-            with self.experience.weights_lock:  # no distillation sees half an update
-                self.engines["extractor"].sync()
-
-    # ================================================================== plumbing
-    def _rollout_config(self) -> RolloutConfig:
-        cfg = self.cfg
-        env_kwargs: dict[str, dict[str, Any]] = {}
-        for entry in cfg.tasks.envs:
-            if entry.id in env_kwargs and env_kwargs[entry.id] != entry.kwargs:
-                raise ValueError(f"tasks.envs lists {entry.id} twice with different kwargs; "
-                                 "the rollout engine keeps one set of kwargs per env id.")
-            env_kwargs[entry.id] = dict(entry.kwargs)
-        return RolloutConfig(
-            max_new_tokens=cfg.actor.max_new_tokens, temperature=cfg.actor.temperature,
-            top_p=cfg.actor.top_p, history=cfg.actor.history,
-            format_penalty=cfg.actor.format_penalty, max_live=cfg.tasks.groups_per_step * cfg.tasks.group_size,
-            workers=cfg.run.rollout_workers, experience_k=cfg.experience.k,
-            actor_critic_gate=cfg.experience.actor_critic_gate,
-            search_and_ask=cfg.experience.search_and_ask, max_asks=cfg.experience.max_asks,
-            max_query_chars=cfg.experience.max_query_chars,
-            # seed=None: sampling draws from torch's global RNG, which checkpoints carry.
-            seed=None, env_kwargs=env_kwargs)
 
     @staticmethod
     def _seed_everything(seed: int) -> None:
@@ -418,10 +376,11 @@ class Trainer:
         if getattr(self, "_closed", False):
             return
         self._closed = True
-        self.rollouts.close()
-        if self.experience is not None:
-            self.experience.close()
-        for engine in getattr(self, "engines", {}).values():
-            engine.close()
+        try:
+            self.rollouts.close()
+            if self.experience is not None:
+                self.experience.close()
+        finally:
+            self.placement.close()
         self.metrics.close()
         self.run.close()

@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from crl_envs.errors import UserFacingError
 from crl_harness.commands.checks import AGENT_SPECS, check_agent, check_range, output_dir
+from crl_harness.models.base import KV_CACHE_TOKENS
 
 if TYPE_CHECKING:
     from crl_harness.experience import RetrieveOnly
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-live", type=int, default=64,
                         help="model agents: episodes generated for in one batch")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--kv-cache-tokens", type=int, default=65_536,
+    parser.add_argument("--kv-cache-tokens", type=int, default=KV_CACHE_TOKENS,
                         help="hf agents: tokens of keys/values kept for reuse between turns "
                              "(least recently used evicted; SmolLM2-135M: 46 KB a token)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],

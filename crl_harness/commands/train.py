@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="delete the run that run.output_dir holds, then start a fresh one")
     parser.add_argument("--backend", choices=["local", "ray"], default=None,
-                        help="shorthand for run.backend=...")
+                        help="where training runs (one process, or Ray actors): "
+                             "shorthand for run.backend=...")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--dry-run", action="store_true",
                         help="check models, data and env kwargs and print the plan (envs, "
@@ -69,15 +70,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def make_trainer(cfg: Any, **kwargs: Any) -> Any:
-    """The trainer for ``cfg.run.backend``: one process (``local``, ``Trainer``) or Ray actors
-    (``ray``, ``RayTrainer``). Chosen here, by the command, so that the trainer never imports its
-    own subclass."""
-    if cfg.run.backend == "ray":
-        from crl_harness.training.ray_backend import RayTrainer
-
-        return RayTrainer(cfg, **kwargs)
+    """The trainer for ``cfg``, handed the placement ``cfg.run.backend`` names: this process
+    (``local``, ``LocalPlacement``) or Ray actors (``ray``, ``RayPlacement``). Chosen here, by
+    the command: the trainer imports no Ray code, and the Ray placement no trainer."""
     from crl_harness.trainer import Trainer
 
+    if cfg.run.backend == "ray":
+        from crl_harness.training.ray_backend import RayPlacement
+
+        return Trainer(cfg, placement=RayPlacement(cfg), **kwargs)
     return Trainer(cfg, **kwargs)
 
 

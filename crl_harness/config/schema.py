@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from crl_harness.models.base import KV_CACHE_TOKENS
+
 __all__ = [
     "EnvEntry",
     "TaskConfig",
@@ -150,7 +152,7 @@ class ActorConfig:
     """a step whose mean |learner - sampler| log-prob of the trained tokens exceeds this is
     reported (a warning, and ``actor/logprob_gap_over_bound`` 1): the sampler is not running
     the learner's function (a missed weight sync, a lossy dtype)"""
-    kv_cache_tokens: int = 65_536
+    kv_cache_tokens: int = KV_CACHE_TOKENS
     """tokens of keys/values the rollout backend (or engine) keeps to reuse between turns (least
     recently used evicted; SmolLM2-135M in fp32: 46 KB a token)"""
     lr: float = 1e-6
@@ -333,7 +335,8 @@ class RunConfig:
     keep_checkpoints: int = 2
     """older checkpoints are deleted"""
     backend: str = _choice("local", "ray")
-    """``ray``: rollout workers and the Experience Manager run as Ray actors"""
+    """where the trainer's parts run (its ``Placement``): ``local``, in its own process; ``ray``,
+    rollout workers and the Experience Manager as Ray actors"""
     rollout_workers: int = 1
     """parallel rollout workers (env stepping; generation is batched per worker)"""
     torch_threads: int = 0

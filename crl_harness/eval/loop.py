@@ -92,8 +92,7 @@ def _play_step_agents(agent: str, specs: Sequence[EpisodeSpec], retriever: Any, 
             traj = run_episode(env, make_agent(agent, spec.env_id, env), spec)
         except Exception as err:  # noqa: BLE001 - one env's failure (no Docker, no data) ends
             # only its own episodes; the report counts them as errors with the message.
-            traj = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience,
-                              error=describe_error(err))
+            traj = Trajectory.of(spec, error=describe_error(err))
             failed = envs.pop(spec.env_id, None)
             if failed is not None:
                 failed.close()

@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from crl_harness.config.schema import ExperienceConfig, ExtractorConfig
 from crl_harness.experience.ask import NO_KNOWLEDGE, AskAnswer, answer_prompt, parse_answer_text
 from crl_harness.experience.bank import ExperienceBank
 from crl_harness.experience.credit import CreditLedger, GenerationReward
@@ -75,11 +76,13 @@ __all__ = ["ReadWriteLock", "DistillationRequest", "ManagerConfig", "ExperienceM
 class ManagerConfig:
     """Settings of the Experience Manager (defaults: the released configuration, but for the
     retrieval batching: one batch per burst of a 64-episode rollout batch, scored by one
-    search worker; ``benchmarks/experience_bench.py`` measures the burst)."""
+    search worker; ``benchmarks/experience_bench.py`` measures the burst). Those a training run
+    sets are declared, with their docs and defaults, in ``ExperienceConfig`` and
+    ``ExtractorConfig``; ``from_config`` reads them from it."""
 
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    max_concurrent_extractions: int = 4
-    """Extractor calls in flight at once."""
+    max_concurrent_extractions: int = ExperienceConfig.max_concurrent_extractions
+    """``experience.max_concurrent_extractions``"""
     batch_size: int = 64
     """Most retrieval queries served as one batch (released: 32; 64 is a rollout batch, whose
     episodes reset together)."""
@@ -95,19 +98,25 @@ class ManagerConfig:
     smaller batches and its p99 is higher."""
     merge_chunk: int = 5
     """Entries shown to the extractor per merge-pass call."""
-    max_transcript_chars: int = 12_000
-    """Longer transcripts keep their head and tail."""
+    max_transcript_chars: int = ExperienceConfig.max_transcript_chars
+    """``experience.max_transcript_chars``"""
     parse_limits: ParseLimits = field(default_factory=ParseLimits)
-    format_failure_reward: float | None = None
-    """Reward of a generation whose answer was malformed, which then joins the extractor's batch
-    (an opt-in format penalty, e.g. -1). None, the default as in the released code: such a
-    generation wrote nothing that could be used, so it is not trained."""
+    format_failure_reward: float | None = ExtractorConfig.format_penalty
+    """``extractor.format_penalty``: the reward of a generation whose answer was malformed."""
     max_pending_generations: int = 10_000
     reindex_interval_s: float = 30.0
     """A changed partition is re-indexed at most this often, and at once while ``flush`` waits.
     A BM25 rebuild holds the GIL for ~60 ms per 1,000 entries, so rebuilding after every write
     slows rollouts in the same process; the harness flushes before each rollout phase anyway."""
     seed: int = 0
+
+    @classmethod
+    def from_config(cls, experience: ExperienceConfig, **settings: Any) -> ManagerConfig:
+        """The manager of a run's ``experience`` section; ``settings``: the others (e.g. the
+        ``seed`` and ``format_failure_reward`` of the run)."""
+        return cls(retrieval=RetrievalConfig.from_config(experience),
+                   max_concurrent_extractions=experience.max_concurrent_extractions,
+                   max_transcript_chars=experience.max_transcript_chars, **settings)
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_extractions", "batch_size", "search_workers"):
@@ -143,7 +152,7 @@ class ExperienceManager(_ExtractorJobs, _Search):
         self._distill_template = load_prompt("experience_distill")
         self._merge_template = load_prompt("experience_merge")
         self._embedder = Embedder(config.retrieval.embed_model) \
-            if config.retrieval.backend == "dense" else None
+            if config.retrieval.index == "dense" else None
         self._rng = random.Random(config.seed)
         self._rw = ReadWriteLock()
         self.ledger = CreditLedger(config.max_pending_generations)
@@ -193,7 +202,7 @@ class ExperienceManager(_ExtractorJobs, _Search):
         if self._closed:
             raise RuntimeError("ExperienceManager is closed; create a new one to retrieve.")
         # BM25 queries are tokenised here, in the caller, not on the batch's path.
-        tokens = tokenize(query) if self.config.retrieval.backend == "bm25" else []
+        tokens = tokenize(query) if self.config.retrieval.index == "bm25" else []
         request = _Query(env_id, query, int(k), tokens)
         if self._serve_here():
             # Nobody to batch with and a search slot free: serve in this thread, sparing the

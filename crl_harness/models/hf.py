@@ -13,7 +13,13 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from crl_harness.models.base import Generation, Message, encode_chat, stop_token_ids
+from crl_harness.models.base import (
+    KV_CACHE_TOKENS,
+    Generation,
+    Message,
+    encode_chat,
+    stop_token_ids,
+)
 from crl_harness.models.hf_generation import decode_batch, sample_next_token
 from crl_harness.models.hf_loading import (
     cpu_computes_bf16,
@@ -77,7 +83,7 @@ class HFBackend:
         max_batch_size: int = 64,
         max_context: int | None = None,
         kv_reuse: bool = True,
-        kv_cache_tokens: int = 65_536,
+        kv_cache_tokens: int = KV_CACHE_TOKENS,
         attn_implementation: str = "grouped_decode",
     ) -> None:
         torch, _ = import_torch_transformers()

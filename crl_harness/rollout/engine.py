@@ -1,6 +1,6 @@
 """The batched rollout engine: many episodes on many envs, one batched generate per turn.
 
-Holds ``RolloutConfig`` (the engine's settings) and ``RolloutEngine``.
+Holds ``RolloutEngine``; its settings, ``RolloutConfig``, are in ``settings``.
 
 Each turn, every live episode's conversation becomes one prompt and the backend answers all of
 them in a single ``generate`` call; finished episodes hand their env to the next pending spec,
@@ -28,7 +28,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -50,45 +49,11 @@ from crl_harness.models.base import STOP, Generation, ModelBackend
 from crl_harness.prompting import format_error_message, parse_answer
 from crl_harness.rollout.episode import LiveEpisode, make_env
 from crl_harness.rollout.records import EpisodeSpec, GateRecord, Trajectory, Turn
+from crl_harness.rollout.settings import RolloutConfig
 from crl_harness.rollout.transcript import transcript_of
 from crl_wrappers.experience import Retriever
 
-__all__ = ["RolloutConfig", "RolloutEngine"]
-
-
-@dataclass
-class RolloutConfig:
-    """Settings of the rollout engine."""
-
-    max_new_tokens: int = 256
-    """Cap on the tokens of one reply (a reply cut there is usually a format failure)."""
-    temperature: float = 1.0
-    """Sampling temperature (0 = greedy); log-probs are taken under it."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    history: int | None = None
-    """None: every earlier turn that fits the context; k: the last k turns."""
-    format_penalty: float = -0.1
-    """Added to the episode reward for each reply that breaks the answer format (0 disables)."""
-    max_live: int = 64
-    """Episodes played at once (the generate batch)."""
-    workers: int = 1
-    """Threads for env resets and steps (envs whose steps wait on a process or C code); keep 1
-    for ALFWorld, whose game loading is not thread-safe."""
-    experience_k: int = 1
-    """Bank entries retrieved per episode when experience is on."""
-    seed: int | None = None
-    """Base seed of the sampling; each generate call gets the next derived seed."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for gym.make, per env id."""
-    actor_critic_gate: bool = False
-    """Guided episodes that retrieved experience start with the actor's verdict on it."""
-    search_and_ask: bool = False
-    """Guided episodes may ask the knowledge base (the retriever needs ``ask``)."""
-    max_asks: int = 2
-    """Asks answered per episode; later ones are refused."""
-    max_query_chars: int = 1_000
-    """A longer query is cut to this many characters before it is sent."""
+__all__ = ["RolloutEngine"]
 
 
 class RolloutEngine:

@@ -72,7 +72,7 @@ class LiveEpisode:
         self.tools = tools
         self.answer_format = answer_format
         self.max_turns = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 50
-        self.trajectory = Trajectory(spec.env_id, spec.seed, spec.group_id, spec.use_experience)
+        self.trajectory = Trajectory.of(spec)
         self.conversation = Conversation("", history)
         self.observation = ""  # what the agent sees next (the state, or a note and the state)
         self.state = ""  # the env's latest observation

@@ -2,7 +2,8 @@
 trainer reads.
 
 Holds:
-- ``EpisodeSpec``: one episode to play (env and seed, GRPO group, experience on or off);
+- ``EpisodeSpec``: one episode to play (env and seed, GRPO group, guided or free slot, experience
+  on or off);
 - ``Turn``: one model reply, with the token ids, log-probs and loss mask the trainer needs;
 - ``GateRecord``: the actor-critic gate's turn of an episode;
 - ``Trajectory``: a finished episode.
@@ -21,13 +22,28 @@ __all__ = ["EpisodeSpec", "Turn", "GateRecord", "Trajectory"]
 
 @dataclass
 class EpisodeSpec:
-    """One episode to play: which env and seed, its GRPO group, and whether experience is on."""
+    """One episode to play: which env and seed, its GRPO group, its slot in the group (guided or
+    free) and whether experience is on.
+
+    The slot and the switch differ only in a training run's retrieval warm-up, when the guided
+    slots play without experience (nothing is retrieved while the bank fills) and are still
+    distilled:
+
+    >>> EpisodeSpec("CRL/Sokoban-v0", 3, guided=True, use_experience=False).guided
+    True
+    """
 
     env_id: str
     seed: int
     group_id: int = 0
     use_experience: bool = False
+    """experience is retrieved for this episode (the experience wrapper's per-episode switch);
+    the GRPO subgroups and the guided/free metrics split by it"""
     options: dict[str, Any] | None = None
+    """reset options (e.g. a split)"""
+    guided: bool = False
+    """the guided slot of its group (``tasks.guided_per_group`` of each): the trainer sends its
+    trajectory to the Experience Manager to distil; false: a free slot"""
 
 
 @dataclass
@@ -88,6 +104,7 @@ class GateRecord:
 class Trajectory:
     """A finished episode.
 
+    ``group_id``, ``use_experience`` and ``guided`` are its spec's (``Trajectory.of``).
     ``task_id`` names the task (the env's ``info["task_id"]``, else ``ENV_ID:SEED``).
     ``reward`` is the episode return (env rewards plus format penalties), ``won`` and ``score``
     the env's verdict, ``steps`` the number of agent turns that count toward the step limit
@@ -103,6 +120,7 @@ class Trajectory:
     seed: int
     group_id: int = 0
     use_experience: bool = False
+    guided: bool = False
     task: str = ""
     task_id: str = ""
     turns: list[Turn] = field(default_factory=list)
@@ -120,6 +138,17 @@ class Trajectory:
     gate: GateRecord | None = None
     system: str = ""
     final_observation: str = ""
+
+    @classmethod
+    def of(cls, spec: EpisodeSpec, **fields: Any) -> Trajectory:
+        """The trajectory of ``spec`` before it is played (its env, seed, group, slot and
+        experience switch), with ``fields`` set.
+
+        >>> Trajectory.of(EpisodeSpec("CRL/Sokoban-v0", 3, group_id=1, guided=True)).guided
+        True
+        """
+        return cls(spec.env_id, spec.seed, spec.group_id, spec.use_experience,
+                   guided=spec.guided, **fields)
 
     @property
     def generated_tokens(self) -> int:

@@ -22,8 +22,7 @@ from typing import Any
 from crl_harness.config import ExperienceConfig
 from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
 from crl_harness.experience.bank_file import _writer_lock
-from crl_harness.experience.retrieval import RetrievalConfig
-from crl_harness.models.base import Generation, ModelBackend
+from crl_harness.models.base import KV_CACHE_TOKENS, Generation, ModelBackend
 
 __all__ = ["BatchedGenerator", "ExperienceService"]
 
@@ -100,19 +99,20 @@ class ExperienceService:
     them (retrieval, distillation, credit: call it directly).
 
     ``extractor`` is a backend object (in one process: the very model the extractor learner
-    trains) or a backend spec (a Ray actor builds its own copy, in ``dtype``,
-    and receives new weights through ``load_extractor_weights``). ``format_failure_reward``: the
+    trains) or a backend spec (a Ray actor builds its own copy, in ``dtype`` with
+    ``kv_cache_tokens`` of KV cache, and receives new weights through ``load_extractor_weights``). ``format_failure_reward``: the
     opt-in reward of a malformed answer (None: not trained, see ``ManagerConfig``).
     """
 
     def __init__(self, run_dir: str | os.PathLike, config: ExperienceConfig,
                  extractor: ModelBackend | str, *, max_new_tokens: int, temperature: float,
                  top_p: float, seed: int = 0, lora: Any = None, dtype: str = "auto",
+                 kv_cache_tokens: int = KV_CACHE_TOKENS,
                  format_failure_reward: float | None = None) -> None:
         if isinstance(extractor, str):
             from crl_harness.models import load_backend
 
-            extractor = load_backend(extractor, dtype=dtype)
+            extractor = load_backend(extractor, dtype=dtype, kv_cache_tokens=kv_cache_tokens)
             if lora is not None and lora.enabled:
                 from crl_harness.training.learner import apply_lora
 
@@ -123,16 +123,8 @@ class ExperienceService:
         self.generator = BatchedGenerator(extractor, max_new_tokens=max_new_tokens,
                                           temperature=temperature, top_p=top_p,
                                           max_batch=config.max_concurrent_extractions)
-        self.manager = ExperienceManager(self.bank, self.generator, ManagerConfig(
-            retrieval=RetrievalConfig(
-                backend=config.retrieval, candidates=config.candidates,
-                count_penalty=config.count_penalty, demotion_prob=config.demotion_prob,
-                recency_window_s=config.recency_window_s),
-            max_concurrent_extractions=config.max_concurrent_extractions,
-            max_transcript_chars=config.max_transcript_chars,
-            format_failure_reward=format_failure_reward,
-            seed=seed,
-        ))
+        self.manager = ExperienceManager(self.bank, self.generator, ManagerConfig.from_config(
+            config, format_failure_reward=format_failure_reward, seed=seed))
 
     # ------------------------------------------------------------ weights
     @property

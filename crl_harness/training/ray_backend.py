@@ -1,9 +1,9 @@
-"""``--backend ray``: rollout workers and the experience service as Ray actors, same semantics.
+"""``run.backend: ray``: rollout workers and the experience service as Ray actors, same semantics.
 
-Holds ``RayTrainer`` (the ``Trainer`` with its rollouts and its experience service moved into Ray
-actors; the learners stay in the driver and push their new weights after each update),
-``RolloutWorker`` and ``RemoteManager`` (the Experience Manager inside the service actor, an
-``ExperienceClient`` for the rollout workers and the trainer).
+Holds ``RayPlacement`` (the ``Placement`` that puts the trainer's rollouts and its experience
+service into Ray actors; the learners stay in the driver and push their new weights after each
+update), ``RayRollouts``, ``RolloutWorker``, ``RemoteManager`` (the Experience Manager inside the
+service actor, an ``ExperienceClient`` for the rollout workers and the trainer) and ``start_ray``.
 
 Every actor asks for whole CPUs (``num_cpus=1``), never fractions; Ray runs with its own
 temporary directory and without its dashboard.
@@ -22,12 +22,14 @@ from typing import Any
 
 from crl_harness.config import LoRAConfig, TrainConfig
 from crl_harness.experience import AskAnswer
+from crl_harness.models.base import ModelBackend
 from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
-from crl_harness.trainer import Trainer
 from crl_harness.training.experience_service import ExperienceService
+from crl_harness.training.learner import PolicyLearner
+from crl_harness.training.placement import experience_options
 from crl_wrappers.experience import ExperienceItem
 
-__all__ = ["RayTrainer", "RayRollouts", "RolloutWorker", "RemoteManager", "start_ray"]
+__all__ = ["RayPlacement", "RayRollouts", "RolloutWorker", "RemoteManager", "start_ray"]
 
 
 def start_ray(num_cpus: int) -> str:
@@ -85,9 +87,8 @@ class RemoteManager:
 class RolloutWorker:
     """A copy of the actor model and a rollout engine, in its own process."""
 
-    def __init__(self, model: str, lora: LoRAConfig, rollout: RolloutConfig,
-                 service: Any = None, torch_threads: int = 1, dtype: str = "auto",
-                 kv_cache_tokens: int = 65_536, seed: int = 0) -> None:
+    def __init__(self, model: str, lora: LoRAConfig, rollout: RolloutConfig, service: Any, *,
+                 torch_threads: int, dtype: str, kv_cache_tokens: int, seed: int) -> None:
         import torch
 
         from crl_harness.models import load_backend
@@ -164,51 +165,61 @@ class RayRollouts:
         self._ray.get([w.close.remote() for w in self.workers])
 
 
-class RayTrainer(Trainer):
-    """``Trainer`` whose rollout workers and experience service are Ray actors."""
+class RayPlacement:
+    """The trainer's rollout workers (``run.rollout_workers``, each with its own copy of the
+    actor) and its experience service (with its own copy of the extractor) as Ray actors, on a
+    private Ray instance started here; the learners train in the driver, and ``push_weights``
+    sends their new weights to the copies. ``close`` shuts Ray down."""
 
-    def __init__(self, cfg: TrainConfig, **kwargs: Any) -> None:
+    def __init__(self, cfg: TrainConfig) -> None:
         import ray
 
         self._ray = ray
         self._ray_dir = start_ray(num_cpus=cfg.run.rollout_workers + 1)
-        super().__init__(cfg, **kwargs)
+        self._learners: dict[str, PolicyLearner] = {}
+        self._rollouts: RayRollouts | None = None
+        self._experience: _RemoteExperience | None = None
 
-    def _make_experience(self, extractor_backend: Any, checkpoint: Path | None) -> Any:
-        cfg = self.cfg
-        self._prepare_bank(checkpoint)
-        spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
+    def sampling_backend(self, cfg: TrainConfig, role: str, learner: PolicyLearner,
+                         learner_backend: ModelBackend) -> ModelBackend:
+        """The learner's own backend (``rollout_engine: hf``, which ``run.backend: ray`` needs):
+        the Ray actors generate with copies of its weights, pushed after each update."""
+        self._learners[role] = learner
+        return learner_backend
+
+    def experience(self, cfg: TrainConfig, run_dir: Path, extractor_backend: ModelBackend,
+                   extractor_spec: str, extractor: PolicyLearner | None) -> _RemoteExperience:
         actor_cls = self._ray.remote(num_cpus=1, max_concurrency=16)(_ServiceActor)
-        handle = actor_cls.remote(
-            str(self.run_dir), cfg.experience, spec,
-            max_new_tokens=cfg.extractor.max_new_tokens, temperature=cfg.extractor.temperature,
-            top_p=cfg.extractor.top_p, seed=cfg.run.seed, lora=cfg.extractor.lora,
-            dtype=cfg.extractor.dtype, format_failure_reward=cfg.extractor.format_penalty)
-        remote = _RemoteExperience(handle, cfg.extractor.lora.enabled)
-        if self.extractor is not None:  # the driver's learner copy starts from the same weights
-            remote.load_extractor_weights(self.extractor.trainable_state_dict())
-        return remote
+        handle = actor_cls.remote(str(run_dir), cfg.experience, extractor_spec,
+                                  lora=cfg.extractor.lora, dtype=cfg.extractor.dtype,
+                                  kv_cache_tokens=cfg.kv_cache_tokens("extractor"),
+                                  **experience_options(cfg))
+        self._experience = _RemoteExperience(handle, cfg.extractor.lora.enabled)
+        if extractor is not None:  # the driver's learner copy starts from the same weights
+            self._experience.load_extractor_weights(extractor.trainable_state_dict())
+        return self._experience
 
-    def _make_rollouts(self) -> Any:
-        cfg = self.cfg
-        rollout = self._rollout_config()
-        rollout.workers = 1
+    def rollouts(self, cfg: TrainConfig, actor_backend: ModelBackend,
+                 experience: Any) -> RayRollouts:
+        # each worker steps its envs in one thread; the workers are the parallelism
+        rollout = RolloutConfig.from_config(cfg, workers=1)
         worker_cls = self._ray.remote(num_cpus=1)(RolloutWorker)
-        service = self.experience.handle if self.experience is not None else None
-        return RayRollouts([worker_cls.remote(cfg.actor.model, cfg.actor.lora, rollout, service,
-                                              cfg.run.torch_threads or 1, cfg.actor.dtype,
-                                              cfg.actor.kv_cache_tokens, cfg.run.seed + 1 + i)
-                            for i in range(cfg.run.rollout_workers)])
+        service = experience.handle if experience is not None else None
+        self._rollouts = RayRollouts([
+            worker_cls.remote(cfg.actor.model, cfg.actor.lora, rollout, service,
+                              torch_threads=cfg.run.torch_threads or 1, dtype=cfg.actor.dtype,
+                              kv_cache_tokens=cfg.kv_cache_tokens("actor"),
+                              seed=cfg.run.seed + 1 + i)
+            for i in range(cfg.run.rollout_workers)])
+        return self._rollouts
 
-    def _push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:
-        if actor_updated:
-            self.rollouts.load_weights(self.actor.trainable_state_dict())
-        if extractor_updated and self.experience is not None and self.extractor is not None:
-            self.experience.load_extractor_weights(self.extractor.trainable_state_dict())
+    def push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:
+        if actor_updated and self._rollouts is not None:
+            self._rollouts.load_weights(self._learners["actor"].trainable_state_dict())
+        if extractor_updated and self._experience is not None and "extractor" in self._learners:
+            self._experience.load_extractor_weights(
+                self._learners["extractor"].trainable_state_dict())
 
     def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self._ray.shutdown()
-            shutil.rmtree(self._ray_dir, ignore_errors=True)
+        self._ray.shutdown()
+        shutil.rmtree(self._ray_dir, ignore_errors=True)

@@ -346,3 +346,41 @@ def test_hardening_lora_init_from_that_cannot_continue_is_one_config_error(tmp_p
     # the matching base loads
     cfg = load_config("cpu-demo", on + [f"actor.model=hf:{base}", f"actor.lora.init_from={adapter}"])
     assert cfg.actor.lora.init_from == str(adapter)
+
+
+def test_a_run_setting_is_declared_once_and_reaches_every_part_it_concerns():
+    """The rollout engine's, the manager's and the retrieval's copies of a run's settings take
+    their defaults from the schema, and ``from_config`` carries a config's values to each; the
+    KV cache's default is one constant, the HF backend's too."""
+    import inspect
+
+    from crl_harness.config import ActorConfig, ExperienceConfig
+    from crl_harness.experience import ManagerConfig, RetrievalConfig
+    from crl_harness.models import HFBackend
+    from crl_harness.rollout import RolloutConfig
+
+    actor, experience, rollout = ActorConfig(), ExperienceConfig(), RolloutConfig()
+    shared = {"max_new_tokens": actor.max_new_tokens, "top_p": actor.top_p,
+              "history": actor.history, "format_penalty": actor.format_penalty,
+              "experience_k": experience.k, "actor_critic_gate": experience.actor_critic_gate,
+              "search_and_ask": experience.search_and_ask, "max_asks": experience.max_asks,
+              "max_query_chars": experience.max_query_chars}
+    assert {key: getattr(rollout, key) for key in shared} == shared
+    assert ManagerConfig() == ManagerConfig.from_config(experience)
+    assert inspect.signature(HFBackend).parameters["kv_cache_tokens"].default \
+        == actor.kv_cache_tokens
+
+    cfg = load_config(None, ["actor.temperature=0.5", "actor.top_p=0.9", "actor.history=2",
+                             "experience.k=3", "experience.max_asks=4",
+                             "experience.retrieval=dense", "experience.candidates=8",
+                             "experience.max_transcript_chars=500",
+                             "tasks.groups_per_step=2",
+                             "tasks.group_size=4", "tasks.guided_per_group=2",
+                             "run.rollout_workers=2"])
+    rollout = RolloutConfig.from_config(cfg, seed=7)
+    assert (rollout.temperature, rollout.top_p, rollout.history, rollout.experience_k,
+            rollout.max_asks, rollout.max_live, rollout.workers,
+            rollout.seed) == (0.5, 0.9, 2, 3, 4, 8, 2, 7)
+    manager = ManagerConfig.from_config(cfg.experience, seed=5)
+    assert manager.retrieval == RetrievalConfig(index="dense", candidates=8)
+    assert (manager.max_transcript_chars, manager.seed) == (500, 5)

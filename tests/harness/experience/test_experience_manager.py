@@ -306,7 +306,7 @@ def test_dense_retrieval_with_the_bundled_model(bank):
     import torch
 
     torch.set_num_threads(1)
-    config = ManagerConfig(retrieval=RetrievalConfig(backend="dense"))
+    config = ManagerConfig(retrieval=RetrievalConfig(index="dense"))
     with ExperienceManager(bank, config=config) as manager:
         manager.apply([AddEntry(ENV, "Keys", "Pick up the key before walking to the door."),
                        AddEntry(ENV, "Lava", "Never step into the lava river."),
@@ -317,8 +317,8 @@ def test_dense_retrieval_with_the_bundled_model(bank):
 
 
 def test_bad_config_raises():
-    with pytest.raises(ValueError, match="backend"):
-        RetrievalConfig(backend="tfidf")
+    with pytest.raises(ValueError, match="retrieval index"):
+        RetrievalConfig(index="tfidf")
     with pytest.raises(ValueError, match="search_workers"):
         ManagerConfig(search_workers=0)
 

@@ -11,7 +11,6 @@ carry real token ids; the extractor is scripted the same way.
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -31,7 +30,7 @@ from crl_harness.experience.gate import MAX_REFINED_CHARS  # noqa: E402
 from crl_harness.models import Generation, HFBackend  # noqa: E402
 from crl_harness.models.base import encode_chat  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
-from crl_harness.rollout import EpisodeSpec, RolloutEngine  # noqa: E402
+from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
 from crl_harness.trainer import Trainer  # noqa: E402
 from crl_harness.training.batches import actor_rows  # noqa: E402
 from crl_wrappers.experience import DEFAULT_HEADER  # noqa: E402
@@ -365,7 +364,7 @@ def test_hf_backend_stops_at_the_stop_string(tmp_path):
 def test_switches_reach_the_rollout_engine(tmp_path):
     cfg = load_config(None, ["experience.actor_critic_gate=true", "experience.search_and_ask=true",
                              "experience.max_asks=3", "experience.max_query_chars=300"])
-    rollout = Trainer._rollout_config(SimpleNamespace(cfg=cfg))
+    rollout = RolloutConfig.from_config(cfg)
     assert (rollout.actor_critic_gate, rollout.search_and_ask, rollout.max_asks,
             rollout.max_query_chars) == (True, True, 3, 300)
     defaults = load_config(None, []).experience

@@ -154,6 +154,10 @@ def test_co_evolve_trains_both_models_fills_the_bank_and_writes_metrics(models, 
     # each model its own KV cache: the extractor's setting reaches the extractor's backend only
     assert trainer.experience.backend.kv_cache_tokens == 2048
     assert trainer.actor_backend.kv_cache_tokens == cfg.actor.kv_cache_tokens != 2048
+    # and its own sampling: actor.* reaches the rollouts, extractor.* the extractor's generator
+    rollout, generator = trainer.rollouts.config, trainer.experience.generator
+    assert (rollout.temperature, rollout.max_new_tokens) == (0.7, 32)
+    assert (generator.temperature, generator.max_new_tokens) == (0.5, 64)
     trainer.train()
 
     records = read_metrics(tmp_path / "metrics.jsonl")
@@ -376,8 +380,36 @@ def test_a_step_of_32_episodes_in_groups_of_8_is_4_guided_and_4_free(arm, guided
         members = [s for s in specs if s.group_id == group]
         assert len(members) == 8 and len({(s.env_id, s.seed) for s in members}) == 1
         assert [s.use_experience for s in members] == [True] * guided + [False] * (8 - guided)
-    # during the retrieval warm-up every slot plays free, in every arm
-    assert not any(s.use_experience for s in trainer._episode_specs(2, retrieve=False))
+        assert [s.guided for s in members] == [s.use_experience for s in members]
+    # during the retrieval warm-up every slot plays without experience, in every arm; the guided
+    # slots stay guided (they are distilled)
+    warmup = trainer._episode_specs(2, retrieve=False)
+    assert not any(s.use_experience for s in warmup)
+    assert sum(s.guided for s in warmup) == 4 * guided
+
+
+def test_the_guided_slots_are_distilled_wherever_they_stand(models, tmp_path):
+    """Step 3 reads each trajectory's slot (``Trajectory.guided``, its spec's), not its place in
+    the batch: the rollouts here return a step's trajectories in reverse, during the retrieval
+    warm-up (no experience shown), and the guided slots are still the ones distilled."""
+    cfg = load_config(None, _overrides(models, tmp_path, arm="static", steps=1)
+                      + ["experience.retrieval_warmup_steps=1"])
+    trainer = Trainer(cfg)
+    run, played, submitted = trainer.rollouts.run, [], []
+
+    def reversed_run(specs):
+        played[:] = run(specs)[::-1]
+        return played
+
+    trainer.rollouts.run = reversed_run
+    trainer.experience.manager.submit = submitted.append
+    try:
+        trainer.train_step(1)
+    finally:
+        trainer.close()
+    guided = [t for t in played if t.guided]
+    assert len(guided) == 4 and not any(t.use_experience for t in played)
+    assert [r.transcript for r in submitted] == [t.transcript for t in guided if not t.error]
 
 
 def test_arm_none_is_never_frozen_by_the_warmup(models, tmp_path, alternating_rewards):
@@ -473,12 +505,18 @@ def test_kill_9_then_resume_continues_from_the_last_checkpoint(models, tmp_path)
 @pytest.mark.slow
 def test_ray_backend_same_semantics(models, tmp_path, alternating_rewards):
     pytest.importorskip("ray")
-    from crl_harness.training.ray_backend import RayTrainer
+    from crl_harness.commands.train import make_trainer
 
     _, initial_bank = _seed_bank(tmp_path)
-    cfg = load_config(None, _overrides(models, tmp_path, steps=2) + ["run.backend=ray",
-                                                                     initial_bank])
-    trainer = RayTrainer(cfg)
+    cfg = load_config(None, _overrides(models, tmp_path, steps=2) + [
+        "run.backend=ray", initial_bank, "extractor.kv_cache_tokens=2048"])
+    trainer = make_trainer(cfg)
+    # the service actor's own extractor copy gets the extractor's settings, KV cache included
+    import ray
+
+    service = trainer.experience.handle
+    assert ray.get(service.__ray_call__.remote(
+        lambda s: (s.backend.kv_cache_tokens, s.generator.temperature))) == (2048, 0.5)
     alternating_rewards(trainer)  # reward variance in every group, whatever the workers sampled
     metrics = trainer.train()
     records = read_metrics(tmp_path / "metrics.jsonl")

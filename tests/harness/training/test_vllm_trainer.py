@@ -133,18 +133,18 @@ def test_co_evolve_with_both_engines_on_vllm_syncs_the_extractor(tmp_path, alter
                       + ["extractor.rollout_engine=vllm"])
     trainer = Trainer(cfg)
     try:
-        assert set(trainer.engines) == {"actor", "extractor"}
+        assert set(trainer.placement.engines) == {"actor", "extractor"}
         alternating_rewards(trainer)
         trainer.train_step(1)
         assert trainer.experience.manager.flush(timeout=120)
         # the background thread's engine
         assert trainer.experience.manager.stats()["distillations"] > 0
-        extractor = trainer.engines["extractor"].backend
+        extractor = trainer.placement.engines["extractor"].backend
         before = extractor.generate(PROMPTS, max_new_tokens=6, temperature=1.0, seed=0)
         rows = [TrainingRow(g.prompt_token_ids, g.token_ids, g.logprobs, 1.0 if i % 2 else -1.0,
                             1.0 / len(g.token_ids)) for i, g in enumerate(before)]
         assert trainer.extractor.update(rows, cispo_loss).rows == len(rows)
-        trainer._push_weights(actor_updated=False, extractor_updated=True)
+        trainer.placement.push_weights(actor_updated=False, extractor_updated=True)
         after = extractor.generate(PROMPTS, max_new_tokens=6, temperature=1.0, seed=0)
     finally:
         trainer.close()
