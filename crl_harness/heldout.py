@@ -197,6 +197,7 @@ def evaluate_levels(cfg: Any, actor: str,
             backend.close()
         if manager is not None:
             manager.close()
+            manager.bank.close()  # the manager leaves the bank to whoever opened it
     for name, (seeds, _, path, _) in to_play.items():
         played = sorted((t for t in trajectories if case_of[t.group_id] == name),
                         key=lambda t: t.group_id)

@@ -1,6 +1,9 @@
 """Gymnasium wrappers over any CRL text env (they import only gymnasium).
 
-- ``ExperienceAugmentation``: retrieved experience into the reset observation or instructions.
+- ``ExperienceAugmentation``: retrieved experience into the reset observation, the instructions,
+  or ``info["experience"]`` alone;
+- ``experience_block`` / ``with_experience``: the one rendering of that experience, for a harness
+  that builds its own prompt.
 
 The import name is ``crl_wrappers``, one no other project uses; ``wrappers``, the older name, still
 works where the importing project has no ``wrappers`` package of its own.
@@ -11,6 +14,9 @@ from crl_wrappers.experience import (
     ExperienceAugmentation,
     ExperienceItem,
     Retriever,
+    experience_block,
+    with_experience,
 )
 
-__all__ = ["ExperienceAugmentation", "ExperienceItem", "Retriever", "DEFAULT_HEADER"]
+__all__ = ["ExperienceAugmentation", "ExperienceItem", "Retriever", "DEFAULT_HEADER", "experience_block",
+           "with_experience"]
