@@ -135,7 +135,11 @@ def load_pretrained(path: str | os.PathLike, *, gguf_file: str | None, dtype: st
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-            model.to(getattr(torch, dtype))
+            # The parameters alone, as from_pretrained(dtype=...) loads them: buffers such as the
+            # rotary frequencies stay fp32 (in bf16 they would turn positions' angles by up to
+            # radians at 900 tokens, a function that no one trained).
+            for param in model.parameters():
+                param.data = param.data.to(getattr(torch, dtype))
             # peft froze the base for inference; a merged model is a plain model again, which
             # the trainer may fine-tune in full
             model.requires_grad_(True)

@@ -271,6 +271,22 @@ def test_adapter_is_merged_in_fp32_before_a_bf16_cast(tiny_dir, tmp_path):
         assert torch.equal(weight, fp32[key].to(torch.bfloat16)), key
 
 
+def test_a_bf16_adapter_load_keeps_the_buffers_of_a_bf16_load(tiny_dir, tmp_path):
+    """Only the weights are cast: the rotary frequencies stay as ``from_pretrained(dtype=bf16)``
+    keeps them (fp32); rounded to bf16 they would turn the angles of far positions."""
+    from peft import LoraConfig, get_peft_model
+
+    adapter = get_peft_model(HFBackend(tiny_dir, dtype="float32").model,
+                             LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+    adapter.save_pretrained(tmp_path / "adapter")
+    plain = dict(HFBackend(tiny_dir, dtype="bfloat16").model.named_buffers())
+    merged = dict(HFBackend(tmp_path / "adapter", dtype="bfloat16").model.named_buffers())
+    assert any("inv_freq" in name for name in plain)
+    assert plain.keys() == merged.keys()
+    for name, buffer in plain.items():
+        assert merged[name].dtype == buffer.dtype and torch.equal(merged[name], buffer), name
+
+
 @pytest.mark.slow
 def test_smollm2_grouped_decode_gives_the_sdpa_paths_greedy_tokens():
     new = smollm2_or_skip()
