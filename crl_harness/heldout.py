@@ -25,7 +25,8 @@ from crl_harness.eval import PairedDifference, paired_difference
 
 __all__ = ["evaluate_levels", "load_actor", "env_cases", "paired", "pooled", "model_hash", "default_cache"]
 
-_CACHE_FORMAT = 2  # bump when what a cached outcome means changes (2: the dtype in the key)
+_CACHE_FORMAT = 3  # bump when what a cached outcome means changes (2: the dtype in the key;
+# 3: a bf16 adapter keeps fp32 rotary frequencies, so its greedy outcomes may differ)
 
 
 def default_cache() -> Path:
