@@ -5,6 +5,7 @@ Holds:
   (+ ``EnvEntry``), ``ActorConfig``, ``ExtractorConfig``, ``ExperienceConfig``,
   ``WarmStartConfig``, ``LoRAConfig``, each field with its default and docstring;
   ``updated_lesson_steps``, ``HELDOUT_RESERVED``.
+- ``fields``: ``choice`` and ``bounded``, a field's allowed values declared beside its default.
 - ``validation``: ``ConfigError`` and the checks of a loaded config; ``check_lora_fits``, the
   LoRA settings against their model before training.
 - ``loading``: ``load_config`` (a shipped name or a YAML path, overrides, then the checks),

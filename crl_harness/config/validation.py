@@ -3,20 +3,20 @@ names the key and what to do.
 
 Holds:
 - ``ConfigError``: a config file or override is wrong;
-- ``_validate``: the checks ``load_config`` runs on every config (finite numbers, choices, ranges,
-  the env mixture, training, held-out and warm-start seeds disjoint, trainable models, LoRA
-  adapters to continue), and ``_check_switch`` for the true-or-false ``SWITCHES``;
+- ``_validate``: the checks ``load_config`` runs on every config: finite numbers, then what each
+  field declares (its choices, its bounds: ``fields``), then what relates several settings (the
+  env mixture, training, held-out and warm-start seeds disjoint, trainable models, LoRA adapters
+  to continue); ``_check_switch`` for the true-or-false ``SWITCHES``;
 - ``check_lora_fits``: the LoRA settings against their model's modules and layers, before
   training (it reads the model's config file, so it is not run at load);
-- ``own_warm_start``: whether a learner continues the adapters its config's warm start writes;
-- ``MAX_SEED``, ``MAX_RETRIEVED``, ``MAX_TORCH_THREADS``: the bounds the checks enforce.
+- ``own_warm_start``: whether a learner continues the adapters its config's warm start writes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import fields, is_dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import Field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +27,7 @@ __all__ = [
     "check_lora_fits",
     "own_warm_start",
     "SWITCHES",
-    "MAX_SEED",
-    "MAX_RETRIEVED",
-    "MAX_TORCH_THREADS",
 ]
-
-
-MAX_SEED = 2**32
-"""``run.seed`` seeds numpy, whose seeds are below 2^32"""
-MAX_RETRIEVED = 100
-"""``experience.k``: entries retrieved per episode (each goes into the system prompt)"""
-MAX_TORCH_THREADS = 1_024
 
 
 class ConfigError(ValueError):
@@ -54,36 +44,37 @@ def _check_switch(key: str, value: Any, where: str) -> None:
                           f"{value!r}")
 
 
-def _non_finite(node: Any, prefix: str = "") -> str | None:
-    """The key of the first float of the config (nested dataclasses, env weights) that is NaN
-    or infinite: every range check below compares, and NaN passes every comparison."""
+def _settings(node: Any, prefix: str = "") -> Iterator[tuple[str, Field, Any]]:
+    """``(key, field, value)`` of every setting of the config, in declaration order, through
+    nested sections and lists of them (``tasks.envs.0.weight``)."""
     for f in fields(node):
         value = getattr(node, f.name)
         key = f"{prefix}{f.name}"
         if is_dataclass(value):
-            found = _non_finite(value, f"{key}.")
+            yield from _settings(value, f"{key}.")
         elif isinstance(value, list) and value and is_dataclass(value[0]):
-            found = next((k for i, item in enumerate(value)
-                          if (k := _non_finite(item, f"{key}.{i}.")) is not None), None)
+            for i, item in enumerate(value):
+                yield from _settings(item, f"{key}.{i}.")
         else:
-            found = key if isinstance(value, float) and not math.isfinite(value) else None
-        if found is not None:
-            return found
-    return None
+            yield key, f, value
 
 
-def _bad_choice(node: Any, prefix: str = "") -> tuple[str, Any, tuple[str, ...]] | None:
-    """The key, value and allowed values of the first ``_choice`` field of the config (nested
-    dataclasses) whose value is not one of its choices."""
-    for f in fields(node):
-        value = getattr(node, f.name)
+def _declared_problem(cfg: TrainConfig) -> tuple[str, str] | None:
+    """``(key, why)`` of the first setting that is NaN or infinite (every bound compares, and
+    NaN passes every comparison), else of the first outside what its field declares (``choice``,
+    then ``bounded``: a section shared by several, ``LoRAConfig``, is reported under each key)."""
+    settings = list(_settings(cfg))
+    for key, _, value in settings:
+        if isinstance(value, float) and not math.isfinite(value):
+            return key, "must be a finite number, got nan or inf"
+    for key, f, value in settings:
         choices = f.metadata.get("choices")
         if choices is not None and value not in choices:
-            return f"{prefix}{f.name}", value, choices
-        if is_dataclass(value):
-            found = _bad_choice(value, f"{prefix}{f.name}.")
-            if found is not None:
-                return found
+            return key, f"invalid value {value!r}, expected one of {', '.join(choices)}"
+    for key, f, value in settings:
+        problem = f.metadata["bounds"].problem(value) if "bounds" in f.metadata else None
+        if problem is not None:
+            return key, problem
     return None
 
 
@@ -93,34 +84,22 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     def fail(key: str, why: str) -> None:
         raise ConfigError(f"{source}: bad config key '{key}': {why}")
 
-    bad = _non_finite(cfg)
-    if bad is not None:
-        fail(bad, "must be a finite number, got nan or inf")
-    wrong = _bad_choice(cfg)
-    if wrong is not None:
-        key, value, choices = wrong
-        fail(key, f"invalid value {value!r}, expected one of {', '.join(choices)}")
+    declared = _declared_problem(cfg)
+    if declared is not None:
+        fail(*declared)
     t = cfg.tasks
     if not t.envs:
         fail("tasks.envs", "the mixture is empty; list at least one env")
     for i, env in enumerate(t.envs):
         if env.id not in crl_envs.ENV_IDS:
             fail(f"tasks.envs.{i}.id", f"unknown env '{env.id}'; known: {', '.join(crl_envs.ENV_IDS)}")
-        if env.weight <= 0:
-            fail(f"tasks.envs.{i}.weight", f"must be > 0, got {env.weight}")
         if env.kwargs:
             try:
                 crl_envs.check_make_kwargs(env.id, env.kwargs)
             except ValueError as err:
                 fail(f"tasks.envs.{i}.kwargs", str(err))
-    if t.groups_per_step < 1:
-        fail("tasks.groups_per_step", "must be >= 1")
-    if t.group_size < 2:
-        fail("tasks.group_size", "must be >= 2 (advantages compare rollouts of a group)")
     if cfg.arm != "none" and not 0 < t.guided_per_group < t.group_size:
         fail("tasks.guided_per_group", f"must be in 1..{t.group_size - 1} with arm={cfg.arm}")
-    if t.seed_count < 1:
-        fail("tasks.seed_count", "must be >= 1")
     if t.seeds is not None:
         if not t.seeds:
             fail("tasks.seeds", "the list is empty; list at least one seed, or null for the "
@@ -129,65 +108,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             fail("tasks.seeds", f"seeds must be >= 0, got {min(t.seeds)}")
         if len(set(t.seeds)) != len(t.seeds):
             fail("tasks.seeds", "a seed is listed twice; list each level once")
-    for key, value in (("run.steps", cfg.run.steps), ("run.checkpoint_every", cfg.run.checkpoint_every),
-                       ("run.keep_checkpoints", cfg.run.keep_checkpoints),
-                       ("run.rollout_workers", cfg.run.rollout_workers),
-                       ("actor.micro_batch_size", cfg.actor.micro_batch_size),
-                       ("actor.kv_cache_tokens", cfg.actor.kv_cache_tokens),
-                       ("extractor.kv_cache_tokens", cfg.kv_cache_tokens("extractor")),
-                       ("actor.max_new_tokens", cfg.actor.max_new_tokens),
-                       ("extractor.micro_batch_size", cfg.extractor.micro_batch_size),
-                       ("extractor.max_new_tokens", cfg.extractor.max_new_tokens),
-                       ("extractor.train_after", cfg.extractor.train_after),
-                       ("experience.k", cfg.experience.k),
-                       ("experience.capacity", cfg.experience.capacity),
-                       ("experience.merge_every", cfg.experience.merge_every),
-                       ("experience.max_transcript_chars", cfg.experience.max_transcript_chars),
-                       ("experience.max_asks", cfg.experience.max_asks),
-                       ("experience.max_query_chars", cfg.experience.max_query_chars),
-                       ("experience.max_concurrent_extractions",
-                        cfg.experience.max_concurrent_extractions)):
-        if value < 1:
-            fail(key, f"must be >= 1, got {value}")
-    for key, value in (("actor.lr", cfg.actor.lr), ("extractor.lr", cfg.extractor.lr),
-                       ("actor.clip_eps", cfg.actor.clip_eps),
-                       ("extractor.eps_low", cfg.extractor.eps_low),
-                       ("extractor.eps_high", cfg.extractor.eps_high),
-                       ("actor.temperature", cfg.actor.temperature),
-                       ("extractor.temperature", cfg.extractor.temperature)):
-        if value < 0:
-            fail(key, f"must be >= 0, got {value}")
-    for key, value in (("actor.max_grad_norm", cfg.actor.max_grad_norm),
-                       ("extractor.max_grad_norm", cfg.extractor.max_grad_norm)):
-        if value <= 0:
-            fail(key, f"must be > 0, got {value}")
-    for key, value in (("actor.top_p", cfg.actor.top_p), ("extractor.top_p", cfg.extractor.top_p)):
-        if not 0 < value <= 1:
-            fail(key, f"must be in (0, 1], got {value} (1: no nucleus cut)")
-    if not 0 <= cfg.run.seed < MAX_SEED:
-        fail("run.seed", f"must be in [0, 2^32), got {cfg.run.seed}")
-    if cfg.experience.k > MAX_RETRIEVED:
-        fail("experience.k", f"must be at most {MAX_RETRIEVED} (each entry goes into the prompt), "
-             f"got {cfg.experience.k}")
-    if cfg.run.torch_threads > MAX_TORCH_THREADS:
-        fail("run.torch_threads", f"must be at most {MAX_TORCH_THREADS}, got "
-             f"{cfg.run.torch_threads}")
-    if cfg.actor.warmup_steps < 0:
-        fail("actor.warmup_steps", f"must be >= 0 (0: the actor trains from step 1), got "
-             f"{cfg.actor.warmup_steps}")
-    if cfg.experience.retrieval_warmup_steps is not None \
-            and cfg.experience.retrieval_warmup_steps < 0:
-        fail("experience.retrieval_warmup_steps", "must be >= 0 (0: retrieve from step 1), or "
-             f"null to follow actor.warmup_steps; got {cfg.experience.retrieval_warmup_steps}")
     e = cfg.experience
     if e.candidates < e.k:
         fail("experience.candidates", f"must be >= experience.k ({e.k}), got {e.candidates}")
-    for key, value in (("experience.count_penalty", e.count_penalty),
-                       ("experience.recency_window_s", e.recency_window_s)):
-        if value < 0:
-            fail(key, f"must be >= 0, got {value}")
-    if not 0.0 <= e.demotion_prob <= 1.0:
-        fail("experience.demotion_prob", f"must be in [0, 1], got {e.demotion_prob}")
     if cfg.arm == "none":
         for key in SWITCHES:
             if getattr(cfg.experience, key.removeprefix("experience.")):
@@ -201,8 +124,6 @@ def _validate(cfg: TrainConfig, source: str) -> None:
              "vllm for vLLM rollouts (openai: serves crl eval only)")
     for key in ("actor", "extractor"):
         learner = getattr(cfg, key)
-        if learner.max_logprob_gap <= 0:
-            fail(f"{key}.max_logprob_gap", f"must be > 0, got {learner.max_logprob_gap}")
         if learner.rollout_engine == "vllm" and cfg.run.backend == "ray":
             fail(f"{key}.rollout_engine", "vllm runs in the trainer's process (run.backend: "
                  "local); with run.backend: ray use hf")
@@ -210,12 +131,6 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             and not cfg.extractor.model.startswith("hf:"):
         fail("extractor.model", f"'{cfg.extractor.model}' cannot be trained (arm co-evolve): "
              "use same or hf:NAME_OR_PATH, or arm=static for a frozen extractor")
-    if cfg.run.torch_threads < 0:
-        fail("run.torch_threads", "must be >= 0 (0: torch's default)")
-    for key, value in (("tasks.seed_offset", t.seed_offset),
-                       ("tasks.heldout_offset", t.heldout_offset)):
-        if value < 0:
-            fail(key, f"seeds must be >= 0, got {value}")
     ranges = {"training": range(t.seed_offset, t.seed_offset + t.seed_count),
               "held-out": range(t.heldout_offset, t.heldout_offset + HELDOUT_RESERVED)}
     if t.seeds is not None:  # the explicit pool replaces the range
@@ -228,35 +143,11 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         fail("tasks.heldout_offset", f"the held-out seeds [{t.heldout_offset}, "
              f"{t.heldout_offset + HELDOUT_RESERVED}) overlap the training seeds "
              f"[{t.seed_offset}, {t.seed_offset + t.seed_count}); held-out tasks must be unseen")
-    w = cfg.warmstart
-    for key, value in (("warmstart.episodes", w.episodes), ("warmstart.epochs", w.epochs),
-                       ("warmstart.extractor_epochs", 1 if w.extractor_epochs is None else w.extractor_epochs),
-                       ("warmstart.batch_size", w.batch_size)):
-        if value < 1:
-            fail(key, f"must be >= 1, got {value}")
-    for key, value in (("warmstart.noise", w.noise),
-                       ("warmstart.experience_fraction", w.experience_fraction)):
-        if not 0.0 <= value <= 1.0:
-            fail(key, f"must be in [0, 1], got {value}")
-    if w.seed_offset < 0:
-        fail("warmstart.seed_offset", f"seeds must be >= 0, got {w.seed_offset}")
-    if w.extractor_samples < 0:
-        fail("warmstart.extractor_samples", f"must be >= 0, got {w.extractor_samples}")
-    if not 0.0 < w.lr <= 1.0:
-        fail("warmstart.lr", f"must be in (0, 1], got {w.lr}")
-    for key, lora in (("actor.lora", cfg.actor.lora), ("extractor.lora", cfg.extractor.lora),
-                      ("warmstart.lora", w.lora)):
-        if lora.top_layers < 0:
-            fail(f"{key}.top_layers", f"must be >= 0 (0: every layer), got {lora.top_layers}")
-        if lora.r < 1:
-            fail(f"{key}.r", f"must be >= 1, got {lora.r}")
-        if lora.alpha <= 0:
-            fail(f"{key}.alpha", f"must be > 0, got {lora.alpha}")
-        if not 0.0 <= lora.dropout < 1.0:
-            fail(f"{key}.dropout", f"must be in [0, 1), got {lora.dropout}")
-        if not lora.target_modules:
-            fail(f"{key}.target_modules", "is empty; name the modules that get adapters "
+    for key in ("actor", "extractor", "warmstart"):
+        if not getattr(cfg, key).lora.target_modules:
+            fail(f"{key}.lora.target_modules", "is empty; name the modules that get adapters "
                  "(e.g. q_proj, v_proj)")
+    w = cfg.warmstart
     if w.lora.init_from is not None:
         fail("warmstart.lora.init_from", "the warm start trains fresh adapters; leave it null "
              "(actor.lora.init_from continues a warm start's adapters in RL)")

@@ -1,0 +1,83 @@
+"""Field factories of the training configuration's schema: what values a setting may take,
+declared beside its default (``schema``), checked after loading (``validation``).
+
+Holds:
+- ``choice``: a ``str`` field that takes one of a fixed set of values;
+- ``bounded``: a numeric field with lower and/or upper bounds, and ``Bounds``, what it declares
+  (its range in words, and the message naming a value outside it).
+
+>>> from dataclasses import dataclass, fields
+>>> @dataclass
+... class Sampling:
+...     top_p: float = bounded(1.0, gt=0, le=1, why="1: no nucleus cut")
+>>> bounds = fields(Sampling)[0].metadata["bounds"]
+>>> bounds.problem(1.0) is None, bounds.problem(1.5)
+(True, 'must be in (0, 1] (1: no nucleus cut), got 1.5')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["choice", "bounded", "Bounds"]
+
+
+def choice(*values: str) -> Any:
+    """A ``str`` field that takes one of ``values`` (the first is the default), checked after
+    loading. Not ``Literal``: OmegaConf 2.3, the one Hydra 1.3 requires, cannot read it."""
+    return field(default=values[0], metadata={"choices": values})
+
+
+Number = int | float
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric field may take: at least ``ge`` (or above ``gt``), at most ``le``
+    (or below ``lt``); ``why`` notes what a bound value means (e.g. ``0: every layer``). A field
+    that may be null is checked only when it is not.
+
+    >>> Bounds(ge=0, why="0: every layer").problem(-1)
+    'must be >= 0 (0: every layer), got -1'
+    >>> str(Bounds(ge=0, lt=1)), Bounds(gt=0).problem(None)
+    ('in [0, 1)', None)
+    """
+
+    ge: Number | None = None
+    gt: Number | None = None
+    le: Number | None = None
+    lt: Number | None = None
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.ge is None and self.gt is None and self.le is None and self.lt is None:
+            raise ValueError("Bounds needs at least one of ge, gt, le, lt")
+
+    def __str__(self) -> str:
+        low = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else ""
+        high = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else ""
+        if low and high:
+            return f"in {low}, {high}"
+        ops = ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+        return next(f"{op} {bound}" for op, bound in ops if bound is not None)
+
+    def admits(self, value: Number) -> bool:
+        """Whether ``value`` lies within the bounds."""
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def problem(self, value: Number | None) -> str | None:
+        """What is wrong with ``value`` (``must be ..., got ...``), or None when it is within
+        the bounds or null."""
+        if value is None or self.admits(value):
+            return None
+        note = f" ({self.why})" if self.why else ""
+        return f"must be {self}{note}, got {value}"
+
+
+def bounded(default: Number | None, *, ge: Number | None = None, gt: Number | None = None,
+            le: Number | None = None, lt: Number | None = None, why: str = "") -> Any:
+    """A numeric field with ``default`` and ``Bounds(ge, gt, le, lt, why)``, checked after
+    loading; a ``None`` default (or value) means null is allowed."""
+    return field(default=default, metadata={"bounds": Bounds(ge, gt, le, lt, why)})
