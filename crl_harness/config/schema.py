@@ -166,7 +166,7 @@ class ActorConfig:
     top_p: float = bounded(1.0, gt=0, le=1, why="1: no nucleus cut")
     max_new_tokens: int = bounded(256, ge=1)
     """per turn"""
-    history: Optional[int] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    history: Optional[int] = bounded(None, ge=0, why="null: all that fit")  # noqa: UP045 (OmegaConf)
     """earlier turns kept in the prompt (None: all that fit the context)"""
     format_penalty: float = -0.1
     """added to the episode reward per reply that breaks the answer format"""

@@ -15,7 +15,6 @@ from crl_harness.config.fields import Bounds, bounded
 UNBOUNDED = {
     "TaskConfig.guided_per_group": "1..group_size-1 unless arm=none: a cross-field check",
     "ExperienceConfig.candidates": ">= experience.k: a cross-field check",
-    "ActorConfig.history": "null keeps every turn that fits; not checked",
     "ActorConfig.format_penalty": "a reward added per bad reply, of either sign",
     "ExtractorConfig.format_penalty": "the reward of a malformed answer, of either sign",
 }
@@ -117,3 +116,10 @@ def test_bounds_read_as_a_range():
     assert not Bounds(gt=0, le=1).admits(0) and not Bounds(ge=0, lt=1).admits(1)
     with pytest.raises(ValueError, match="at least one"):
         bounded(3)
+
+
+def test_hardening_a_negative_history_is_refused():
+    """``actor.history`` keeps the last k turns; a negative k would slice from the front."""
+    with pytest.raises(ConfigError, match=r"'actor.history': must be >= 0 \(null: all that fit\), got -2"):
+        load_config(None, ["actor.history=-2"])
+    assert load_config(None, ["actor.history=0"]).actor.history == 0
