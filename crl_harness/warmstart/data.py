@@ -136,6 +136,7 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
         budget = max_context - max_new_tokens
         traj = episode.trajectory
         left_route = False
+        state = episode.observation  # the last observation of a move the env took
         while not episode.done and traj.steps < episode.max_turns:
             observation, info = episode.observation, episode.info
             earlier = [t.observation for t in traj.turns]
@@ -168,11 +169,14 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
             traj.steps += 1
             episode.conversation.reply(text)
             episode.step(turn)
+            if episode.info.get("action_valid", True):
+                state = episode.observation
             if action != planned:
                 # The oracle learns blocked moves from its own last move; after a move it did
-                # not choose, it starts afresh from the new observation.
+                # not choose, it starts afresh from the state now: an invalid move left it as
+                # it was, and its message (no map) is no state to plan from.
                 left_route = route is not None and t < len(route)
-                oracle.reset(episode.observation, episode.info)
+                oracle.reset(state, episode.info)
         traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score)
         return traj
     finally:

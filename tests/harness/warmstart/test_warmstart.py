@@ -101,6 +101,34 @@ def test_noise_teaches_random_allowed_moves(backend):
     assert all(think.startswith("I try ") for think in thinks)
 
 
+class _FirstTurnNoise(random.Random):
+    """Noise on the first turn only, always the allowed move ``move``."""
+
+    def __init__(self, move):
+        super().__init__(0)
+        self.move, self.draws = move, 0
+
+    def random(self):
+        self.draws += 1
+        return 0.0 if self.draws == 1 else 1.0
+
+    def choice(self, seq):
+        assert self.move in seq
+        return self.move
+
+
+def test_hardening_the_oracle_resumes_after_an_invalid_noise_move(backend):
+    """An invalid noise move (a key applied before it is carried) leaves the level as it was;
+    its message has no map, so the oracle goes on from the state before it, and wins."""
+    traj = play_oracle_episode("CRL/MiniHackKeyRoom-v0", 10_000_001, tokenizer=backend.tokenizer,
+                               max_context=backend.max_context, max_new_tokens=64, history=None,
+                               env_kwargs={"max_episode_steps": 20}, noise=0.5,
+                               rng=_FirstTurnNoise("apply key north"))
+    assert traj.turns[0].action == "apply key north"
+    assert traj.turns[1].observation.startswith("Invalid action")
+    assert traj.won
+
+
 def test_winning_route_is_a_shortest_walk_over_the_cells_seen(backend):
     # A wandering noisy attempt that still wins: its route keeps no detours.
     first = next(t for s in range(20) if (t := _play(backend, seed=s, noise=0.5,
