@@ -3,7 +3,8 @@
 It parses the grid out of each observation (``Level.from_text``), solves it with the
 move-optimal solver and answers the first move. Re-solving from the text at every step means it
 never relies on hidden state, which is the point: if it wins every episode, the observation
-carries all a model needs.
+carries all a model needs. A grid with no solution left (a box pushed where it cannot leave, by
+a move the oracle did not choose) is lost: it plays on with one fixed move until the step limit.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from crl_envs.sokoban.env import ACTIONS
 from crl_envs.sokoban.level import Level
 from crl_envs.sokoban.solver import solve
 
@@ -45,6 +47,4 @@ class SokobanOracle:
     def act(self, observation: str, info: dict[str, Any]) -> str:
         """The first move of a shortest solution of the grid in ``observation``."""
         plan = solve(Level.from_text(observation))
-        if not plan:
-            raise RuntimeError(f"The oracle found no solution for:\n{observation}")
-        return plan[0]
+        return plan[0] if plan else ACTIONS[0]  # no solution left: the level is lost

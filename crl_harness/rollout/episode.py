@@ -97,6 +97,7 @@ class LiveEpisode:
         self.task_line = "" if task in observation else task
         self.trajectory.task = task
         self.trajectory.task_id = task_id_of(self.spec.env_id, self.spec.seed, info)
+        self.trajectory.retrieval_key = str(info.get("retrieval_query") or "")
         self.trajectory.experience_ids = list(info.get("experience_ids", []))
         self.conversation = Conversation(self._system(), self.history)
         self.state = observation

@@ -105,7 +105,9 @@ class Trajectory:
     """A finished episode.
 
     ``group_id``, ``use_experience`` and ``guided`` are its spec's (``Trajectory.of``).
-    ``task_id`` names the task (the env's ``info["task_id"]``, else ``ENV_ID:SEED``).
+    ``task_id`` names the task (the env's ``info["task_id"]``, else ``ENV_ID:SEED``), and
+    ``retrieval_key`` the level as retrieval looks it up (the env's ``info["retrieval_query"]``
+    at reset, empty where it gives none).
     ``reward`` is the episode return (env rewards plus format penalties), ``won`` and ``score``
     the env's verdict, ``steps`` the number of agent turns that count toward the step limit
     (answered asks do not), ``experience_ids`` the bank entries shown to the agent (for the
@@ -123,6 +125,7 @@ class Trajectory:
     guided: bool = False
     task: str = ""
     task_id: str = ""
+    retrieval_key: str = ""
     turns: list[Turn] = field(default_factory=list)
     reward: float = 0.0
     won: bool = False

@@ -61,20 +61,22 @@ class _FixedAdvice:
 
 
 def route_advice(env_id: str, start_observation: str, moves: list[str],
-                 entry_id: str = "advice", task: str = "") -> ExperienceEntry:
+                 entry_id: str = "advice", task: str = "", key: str = "") -> ExperienceEntry:
     """The lesson "from the start, play MOVES", keyed by where the episode started.
 
     The title carries what the next episode at this level retrieves with, so that it finds this
-    entry: MiniHack's ``level_key`` (the start cell and what is in view there, its
-    ``info["retrieval_query"]``), else the episode's ``task`` (WebShop's instruction, ALFWorld's
-    task sentence: the key of envs whose levels differ by task).
+    entry: the level's retrieval ``key`` (``Trajectory.retrieval_key``: Sokoban's goal and
+    layout; MiniHack's ``level_key`` of the start observation, found from it when not given),
+    else the episode's ``task`` (WebShop's instruction, ALFWorld's task sentence: the key of envs
+    whose levels differ by task). Levels with one shared task (Sokoban) need their key, or every
+    lesson of the env has one title.
 
     >>> route_advice("CRL/WebShop-v0", "WebShop [SEP] ...", ["search[red mug]", "click[buy now]"],
     ...              task="Find me a red mug").title
     'Winning moves for: Find me a red mug'
     """
-    key = level_key(start_observation)
-    title = (f"Winning moves from {key}" if key is not None
+    key = key or level_key(start_observation)
+    title = (f"Winning moves from {key}" if key
              else f"Winning moves for: {task}" if task else "Winning moves of this level")
     return ExperienceEntry(entry_id, env_id, title, f"from the start, play {', '.join(moves)}.")
 
@@ -195,7 +197,7 @@ def earlier_route(env_id: str, seed: int, **play: Any) -> tuple[ExperienceEntry,
         return None
     route = winning_route(attempt)
     return route_advice(env_id, attempt.turns[0].observation, route, entry_id=f"route-{seed}",
-                        task=attempt.task), route
+                        task=attempt.task, key=attempt.retrieval_key), route
 
 
 def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fraction: float,
@@ -333,7 +335,8 @@ def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
     if kind == "add":
         # The moves as played: a lesson the extractor can copy from the transcript it reads.
         lesson = route_advice(traj.env_id, traj.turns[0].observation,
-                              [t.action or "" for t in traj.turns], task=traj.task)
+                              [t.action or "" for t in traj.turns], task=traj.task,
+                              key=traj.retrieval_key)
         ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
     elif kind == "return":
         ops = [{"op": "return"}]

@@ -301,3 +301,14 @@ def test_solver_agrees_with_independent_bfs_on_hand_levels():
     assert len(solve(level)) == independent_optimal_length(level, 40)
     stuck = Level.from_text("# # # # #\n# X _ _ #\n# _ P O #\n# # # # #")  # box in a corner
     assert solve(stuck) is None and independent_optimal_length(stuck, 30) is None
+
+
+def test_hardening_the_oracle_plays_on_in_a_level_with_no_solution_left():
+    """A box pushed into a corner (by a move the oracle did not choose) leaves no solution: the
+    level is lost, and the oracle answers a move instead of failing."""
+    from crl_envs.sokoban.env import ACTIONS
+    from crl_envs.sokoban.oracle import SokobanOracle
+
+    deadlocked = ("# # # # # #\n# # # # # #\n# # _ _ _ #\n# # X _ _ #\n# # _ _ S #\n# # # # # #\n"
+                  "You move down. Boxes on targets: 0 of 1.")
+    assert SokobanOracle().act(deadlocked, {}) in ACTIONS

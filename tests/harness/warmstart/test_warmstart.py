@@ -322,6 +322,22 @@ def test_extractor_classes_fill_on_webshop_and_alfworld(backend, env_id, count, 
             assert not episode.advice.title.endswith(episode.trajectory.task)
 
 
+def test_extractor_classes_fill_on_sokoban_whose_levels_share_one_task(backend):
+    """Every Sokoban level has the same task sentence: its lessons are titled by the level's
+    retrieval key (goal and layout), so another level's route exists to mislead (downvote)."""
+    kwargs = {"num_boxes": 1, "max_solution_length": 6, "max_episode_steps": 10}
+    episodes = extractor_episodes("CRL/Sokoban-v0", list(range(WARM_SEED, WARM_SEED + 64)), 8,
+                                  noise=0.1, rng=random.Random(0), tokenizer=backend.tokenizer,
+                                  max_context=backend.max_context, max_new_tokens=64,
+                                  history=None, env_kwargs=kwargs)
+    answered = [answer_class(e) for e in episodes]
+    assert {name: answered.count(name) for name in ANSWER_CLASSES} == class_quotas(8)
+    for episode in episodes:
+        if episode.advice is not None:
+            own = episode.advice.title.endswith(episode.trajectory.retrieval_key)
+            assert own == (answer_class(episode) == "upvote")
+
+
 def test_hardening_warm_start_refuses_swebench_with_one_clear_error(backend):
     with pytest.raises(ValueError, match="No honest oracle reasons for CRL/SWEBenchToy-v0"):
         play_oracle_episode("CRL/SWEBenchToy-v0", 0, tokenizer=backend.tokenizer,
