@@ -67,9 +67,12 @@ class ModelAgent:
 
     def reset(self, observation: str, info: dict[str, Any]) -> None:
         task = info.get("task", "") or ""
+        instructions = info.get("instructions", "") or ""
+        experience = info.get("experience", "") or ""
+        if experience in instructions or experience in observation:
+            experience = ""  # the wrapper placed it there already: shown once
         self.conversation = Conversation(
-            system_prompt(info.get("instructions", ""), info.get("experience", "") or "",
-                          task="" if task in observation else task),
+            system_prompt(instructions, experience, task="" if task in observation else task),
             self.config.history,
         )
 

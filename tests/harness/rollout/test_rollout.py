@@ -211,3 +211,22 @@ def test_model_agent_plays_step_by_step(tiny):
     traj = run_episode(env, agent, EpisodeSpec(SOKOBAN, seed=1))
     assert traj.steps == 5 and traj.format_failures == 5 and not traj.won and traj.truncated
     env.close()
+
+
+@pytest.mark.parametrize("placement", ["observation", "instructions", "info"])
+def test_model_agent_shows_the_experience_once_wherever_the_wrapper_placed_it(tiny, placement):
+    from crl_harness.rollout import make_env
+
+    from types import SimpleNamespace
+
+    class OneLesson:
+        def retrieve(self, env_id, query, k):
+            return [SimpleNamespace(id="e1", text="Push boxes away from corners.")]
+
+    env = make_env(SOKOBAN, OneLesson(), placement=placement, max_episode_steps=1)
+    observation, info = env.reset(seed=1)
+    agent = ModelAgent(tiny, RolloutConfig(max_new_tokens=4, seed=0))
+    agent.reset(observation, info)
+    shown = agent.conversation.system + observation
+    assert shown.count("Push boxes away from corners.") == 1
+    env.close()
