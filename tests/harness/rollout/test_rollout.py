@@ -215,9 +215,9 @@ def test_model_agent_plays_step_by_step(tiny):
 
 @pytest.mark.parametrize("placement", ["observation", "instructions", "info"])
 def test_model_agent_shows_the_experience_once_wherever_the_wrapper_placed_it(tiny, placement):
-    from crl_harness.rollout import make_env
-
     from types import SimpleNamespace
+
+    from crl_harness.rollout import make_env
 
     class OneLesson:
         def retrieve(self, env_id, query, k):
