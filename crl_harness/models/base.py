@@ -127,8 +127,48 @@ def encode_chat(tokenizer: Any, messages: list[Message]) -> list[int]:
     The template is rendered to text and then tokenised without adding special tokens again,
     so a template that writes its own BOS does not get a second one.
     """
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(chat_text(tokenizer, messages), add_special_tokens=False)["input_ids"])
+
+
+def chat_text(tokenizer: Any, messages: list[Message]) -> str:
+    """``messages`` rendered by the tokenizer's chat template, ready for the answer (the text
+    ``encode_chat`` tokenises)."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def continued_prompt_ids(tokenizer: Any, text: str, before_text: str, before_ids: Sequence[int],
+                         reply_ids: Sequence[int]) -> list[int] | None:
+    """Token ids of the chat text ``text`` that keep an earlier prompt's ids and the reply
+    sampled after it as they were: ``before_ids + reply_ids + ids of the rest``, when ``text``
+    starts with ``before_text`` (whose ids are ``before_ids``) and the reply; else None.
+
+    Re-tokenising a whole conversation can split a sampled reply otherwise (a model may sample a
+    word in pieces the tokenizer would not choose); the next turn's prompt then no longer extends
+    the last one token for token, and the trainer cannot pack the episode into one row, nor a
+    backend reuse the keys and values of the reply. The rest starts at a special token (the end
+    of the turn), so tokenising it apart splits nothing that one pass would join.
+
+    Example:
+        >>> from transformers import AutoTokenizer
+        >>> from crl_harness.models.tiny import build_tiny_model
+        >>> import tempfile
+        >>> tok = AutoTokenizer.from_pretrained(build_tiny_model(tempfile.mkdtemp()))
+        >>> first = [{"role": "user", "content": "hi"}]
+        >>> before = chat_text(tok, first)
+        >>> ids = encode_chat(tok, first)
+        >>> pieces = [t for c in "ok" for t in tok(c, add_special_tokens=False)["input_ids"]]
+        >>> later = chat_text(tok, [*first, {"role": "assistant", "content": "ok"},
+        ...                         {"role": "user", "content": "and?"}])
+        >>> out = continued_prompt_ids(tok, later, before, ids, pieces)
+        >>> out[:len(ids) + len(pieces)] == ids + pieces
+        True
+        >>> continued_prompt_ids(tok, later, before, ids, tok("no", add_special_tokens=False)["input_ids"])
+    """
+    head = before_text + tokenizer.decode(list(reply_ids), skip_special_tokens=False)
+    if not reply_ids or not text.startswith(head):
+        return None
+    rest = tokenizer(text[len(head):], add_special_tokens=False)["input_ids"]
+    return [*before_ids, *reply_ids, *rest]
 
 
 def stop_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:

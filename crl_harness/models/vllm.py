@@ -176,10 +176,19 @@ class VLLMBackend:
     def generate(self, prompts: list[list[Message]], *, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] = ()) -> list[Generation]:
+        return self.generate_from_ids(
+            [encode_chat(self.tokenizer, messages) for messages in prompts],
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+            stop=stop)
+
+    def generate_from_ids(self, prompt_ids: list[list[int]], *, max_new_tokens: int,
+                          temperature: float, top_p: float = 1.0, seed: int | None = None,
+                          stop: Sequence[str] = ()) -> list[Generation]:
+        """``generate`` for prompts that are already token ids."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompt_ids = [encode_chat(self.tokenizer, messages) for messages in prompts]
+        prompts = prompt_ids
         per_request = seed is not None and not self._on_cpu
         params = [
             SamplingParams(max_tokens=max_new_tokens, temperature=max(temperature, 0.0),

@@ -181,10 +181,16 @@ class RolloutEngine:
         # The ask's closing tag ends a reply, as the released code's stop string does; passed
         # only when the tool is on, so backends without stop strings work as before.
         stop = {"stop": (ASK_CLOSE,)} if cfg.search_and_ask else {}
-        return self.backend.generate(
-            prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            top_p=cfg.top_p, seed=self._next_seed(), **stop,
-        )
+        sampling = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                        top_p=cfg.top_p, seed=self._next_seed(), **stop)
+        tokenizer = getattr(self.backend, "tokenizer", None)
+        from_ids = getattr(self.backend, "generate_from_ids", None)
+        if tokenizer is None or from_ids is None:  # a server: it tokenises the messages itself
+            return self.backend.generate(prompts, **sampling)
+        # Token in, token out: each prompt extends the last one and its sampled reply as they
+        # were, so an episode packs into one training row and its keys and values are reused.
+        return from_ids([episode.prompt_ids(tokenizer, messages, budget)
+                         for episode, messages in zip(episodes, prompts, strict=True)], **sampling)
 
     def _gate(self, episodes: list[LiveEpisode]) -> None:
         """The actor-critic gate, one batched turn: each episode's actor judges the experience

@@ -19,6 +19,7 @@ import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
 from crl_harness.experience.entries import clean_text
+from crl_harness.models.base import Message, chat_text, continued_prompt_ids
 from crl_harness.prompting import ANSWER_FORMAT, Conversation, system_prompt
 from crl_harness.rollout.records import EpisodeSpec, Trajectory, Turn
 from crl_wrappers.experience import ExperienceAugmentation, Retriever, with_experience
@@ -82,6 +83,7 @@ class LiveEpisode:
         self.experience = ""
         self.task_line = ""  # the task, when the observation does not already state it
         self.answered_asks = 0
+        self._prompt: tuple[str, list[int]] | None = None  # the last prompt's text and ids
 
     def reset(self, with_experience_option: bool) -> None:
         options = dict(self.spec.options or {})
@@ -102,6 +104,23 @@ class LiveEpisode:
         self.conversation = Conversation(self._system(), self.history)
         self.state = observation
         self.observe(observation)
+
+    def prompt_ids(self, tokenizer: Any, messages: list[Message], budget: int) -> list[int]:
+        """The token ids of the next prompt, ``messages``: the last prompt's ids and its sampled
+        reply as they were, then the new turn tokenised (``continued_prompt_ids``), when the
+        conversation only grew and that fits ``budget``; else ``messages`` tokenised afresh (the
+        first turn, a trimmed history, a system prompt the gate changed)."""
+        text = chat_text(tokenizer, messages)
+        ids = None
+        turns = self.trajectory.turns
+        if self._prompt is not None and turns and turns[-1].prompt_token_ids == self._prompt[1]:
+            ids = continued_prompt_ids(tokenizer, text, *self._prompt, turns[-1].token_ids)
+            if ids is not None and len(ids) > budget:
+                ids = None
+        if ids is None:
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        self._prompt = (text, ids)
+        return ids
 
     def task_prompt(self) -> str:
         """The system prompt without experience or tools (what the gate shows as the task)."""

@@ -270,3 +270,35 @@ def test_trainer_rows_pack_what_packs_and_report_the_fraction(backend):
     assert metrics["actor/packed_fraction"] == 0.5
     rows, packed_fraction = actor_rows([], normalize_std=False)
     assert rows == [] and math.isnan(packed_fraction)  # nothing trained
+
+
+def test_sampled_replies_pack_as_sampled_and_keep_their_logprobs(backend):
+    """The real tiny model's samples: pieces the tokenizer would join differently. Each prompt
+    still extends the last prompt and its reply token for token (the engine continues the ids,
+    it does not re-tokenise the conversation), so the episode is one row, and the learner's
+    log-probs of that row are the sampler's."""
+    engine = RolloutEngine(backend, max_new_tokens=12, temperature=1.0, seed=3,
+                           env_kwargs={SOKOBAN: {"max_episode_steps": 4}})
+    trajectories = engine.run([EpisodeSpec(SOKOBAN, seed=s) for s in range(4)])
+    engine.close()
+    tokenizer = backend.tokenizer
+    turns = [t for traj in trajectories for t in traj.turns]
+    assert len(turns) == 16
+    assert any(tokenizer(tokenizer.decode(t.token_ids, skip_special_tokens=False),
+                         add_special_tokens=False)["input_ids"] != t.token_ids for t in turns)
+    # A special token inside a reply (a random model samples <|im_start|> too) is not in the
+    # reply's text, so the conversation does not continue those ids: such an episode falls back
+    # to one row per turn, also exact.
+    special = set(tokenizer.all_special_ids)
+    plain = [traj for traj in trajectories
+             if not any(special & set(t.token_ids[:-1]) for t in traj.turns)]
+    assert len(plain) >= 2
+    learner = _learner(backend)
+    for traj in plain:
+        [row] = pack_turns(traj.turns)
+        assert row.packed
+        sampled = [lp for t in traj.turns for lp in t.logprobs]
+        assert _trained_logprobs(learner, [TrainingRow(row.prompt_ids, row.completion_ids,
+                                                       row.old_logprobs, 1.0, 1.0,
+                                                       row.completion_mask)]) == \
+            pytest.approx(sampled, abs=1e-4)
