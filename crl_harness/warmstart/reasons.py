@@ -233,20 +233,22 @@ class _Seen:
 
 def alfworld_reason(observation: str, action: str, earlier: Sequence[str] = ()) -> str:
     """Why ``action`` in ALFWorld, from the task sentence and the episode's observations so far
-    (what the agent holds, where it has looked, where it saw what).
+    (what the agent holds, where it has looked, where it saw what): one clause that starts with
+    the act and one that says why, never a list (a list of places, or a restatement of the task
+    beside the act, taught greedy replies to loop to the token limit on held-out levels).
 
     Example:
         >>> start = ("You are in the middle of a room. Looking quickly around you, you see a "
         ...          "drawer 1, a ottoman 1, and a sidetable 1.\\n"
         ...          "Your task is to: put two keychain in ottoman.")
         >>> alfworld_reason(start, "go to sidetable 1")
-        'I look for a keychain; sidetable 1 is a place I have not looked yet.'
+        'I go to sidetable 1, where I have not looked for a keychain yet.'
         >>> seen = "You arrive at sidetable 1. On the sidetable 1, you see a keychain 1, and a vase 1."
         >>> alfworld_reason(seen, "take keychain 1 from sidetable 1", [start])
-        'I see keychain 1 at sidetable 1; the task needs a keychain; I take it.'
+        'I take keychain 1, which I see here, as the task needs a keychain.'
         >>> took = "You pick up the keychain 1 from the sidetable 1."
         >>> alfworld_reason(took, "go to ottoman 1", [start, seen])
-        'I hold keychain 1; it belongs in an ottoman; I go to ottoman 1.'
+        'I go to ottoman 1 with keychain 1, which belongs in an ottoman.'
     """
     seen = _Seen.read([*earlier, observation])
     task = seen.task
@@ -265,48 +267,45 @@ def alfworld_reason(observation: str, action: str, earlier: Sequence[str] = ()) 
             if treat and _kind(place) in ("sinkbasin", "microwave", "fridge") \
                     and _kind(place) != target_kind:
                 adj, verb = _TREATMENTS[treat]
-                return f"I hold {held}; the task needs it {adj}; I go to {place} to {verb} it."
+                return f"I go to {place} to {verb} {held}, as the task needs it {adj}."
             if target_kind and any(_kind(t) == target_kind and p == place
                                    for t, p in seen.where.items()):
-                return f"I hold {held}; I saw {_article(target_kind)} at {place}; I go there."
+                return f"I go to {place} with {held}, as I saw {_article(target_kind)} there."
             if _kind(place) == target_kind:
-                return f"I hold {held}; it belongs in {_article(target_kind)}; I go to {place}."
-            return f"I hold {held}; I go to {place}."
+                return f"I go to {place} with {held}, which belongs in {_article(target_kind)}."
+            return f"I go to {place} with {held}."
         here = [t for t, p in seen.where.items()
                 if p == place and _kind(t) == obj_kind and _kind(p) != target_kind]
         if here:
-            return f"I saw {here[0]} at {place}; the task needs {_article(obj_kind)}; I go there."
+            return f"I go to {place}, where I saw {here[0]}, as the task needs " \
+                   f"{_article(obj_kind)}."
         if place in seen.visited:
-            return f"I look for {_article(obj_kind)}; {place} may hold one."
-        return f"I look for {_article(obj_kind)}; {place} is a place I have not looked yet."
+            return f"I go back to {place}, which may hold {_article(obj_kind)}."
+        return f"I go to {place}, where I have not looked for {_article(obj_kind)} yet."
     taken = re.fullmatch(rf"take {_ENTITY} from {_ENTITY}", act)
     if taken:
         thing, place = taken.groups()
         if _kind(thing) != obj_kind:
             return f"I take {thing} from {place}."
-        verb = "I see" if re.search(rf"\b{thing}\b", observation) else "I saw"
-        return f"{verb} {thing} at {place}; the task needs {_article(obj_kind)}; I take it."
+        where = "which I see here" if re.search(rf"\b{thing}\b", observation) \
+            else f"which I saw at {place}"
+        return f"I take {thing}, {where}, as the task needs {_article(obj_kind)}."
     put = re.fullmatch(rf"(?:move|put) {_ENTITY} (?:to|in|on|in/on) {_ENTITY}", act)
     if put:
         thing, place = put.groups()
-        # One clause that names where it is: a restatement of the task beside the act ("the
-        # task puts a laptop in a sofa; I put laptop 1 in sofa 1") taught a greedy loop of the
-        # two clauses to the 128-token limit on the first turns of held-out levels.
-        return f"I am at {place} with {thing}; I leave it here."
+        return f"I put {thing} in {place}, where the task wants it."
     treated = re.fullmatch(rf"(clean|heat|cool) {_ENTITY} with {_ENTITY}", act)
     if treated:
         verb, thing, tool = treated.groups()
         adj = _TREATMENTS[verb][0]
-        return f"The task needs {_article(f'{adj} {obj_kind}')}; I {verb} {thing} with {tool}."
+        return f"I {verb} {thing} with {tool}, as the task needs {_article(f'{adj} {obj_kind}')}."
     if act.startswith("open "):
         place = act.removeprefix("open ")
-        state = f"{place} is closed; " if re.search(rf"{place} is closed", observation) else ""
-        return f"{state}I open {place} to look inside."
+        closed = ", which is closed," if re.search(rf"{place} is closed", observation) else ""
+        return f"I open {place}{closed} to look inside."
     if act.startswith("use "):
         lamp = act.removeprefix("use ")
-        if held:
-            return f"I hold {held}; the task looks at it under the {_kind(lamp)}; I turn on {lamp}."
-        return f"The task looks at {_article(obj_kind)} under the {_kind(lamp)}; I turn on {lamp}."
+        return f"I turn on {lamp} to look at {held or _article(obj_kind)} under it."
     if act.startswith(("close ", "examine ")):
         return f"I {act}."
     return f"I try {action}."
