@@ -288,15 +288,18 @@ def test_alfworld_targets_are_the_experts_moves_with_reasons_from_what_was_seen(
         # every object or place the reason names was in an observation so far, or is the move's
         for thing in re.findall(r"\b([a-z]+ \d+)\b", think):
             assert thing in turn.action or any(thing in text for text in seen), (thing, think)
-        # "I saw Y at X": one observation showed Y at X (an arrival there)
-        for thing, place in re.findall(r"saw ([a-z]+ \d+) at ([a-z]+ \d+)", think):
+        # "I saw Y" of a place X: one observation showed Y at X (an arrival there)
+        for place, thing in re.findall(r"go to ([a-z]+ \d+), where I saw ([a-z]+ \d+)", think):
+            assert any(f"arrive at {place}" in text and thing in text for text in seen)
+        for thing, place in re.findall(r"take ([a-z]+ \d+), which I saw at ([a-z]+ \d+)", think):
             assert any(f"arrive at {place}" in text and thing in text for text in seen)
         if turn.action.startswith("go to "):
             place = turn.action.removeprefix("go to ")
             if not any(f"arrive at {place}" in text for text in seen):  # not looked at yet
-                assert "saw" not in think and ("not looked" in think or "hold" in think)
+                # not looked at yet: a search there, or the held object carried there
+                assert "saw" not in think and ("not looked" in think or " with " in think)
     first_take = next(t for t in traj.turns if t.action.startswith("take "))
-    assert parse_answer(first_take.text).think.startswith("I see ")
+    assert "which I see here" in parse_answer(first_take.text).think
 
 
 def test_alfworld_noisy_episode_replans_and_still_wins(backend):
