@@ -25,8 +25,9 @@ from crl_harness.eval import PairedDifference, paired_difference
 
 __all__ = ["evaluate_levels", "load_actor", "env_cases", "paired", "pooled", "model_hash", "default_cache"]
 
-_CACHE_FORMAT = 3  # bump when what a cached outcome means changes (2: the dtype in the key;
-# 3: a bf16 adapter keeps fp32 rotary frequencies, so its greedy outcomes may differ)
+_CACHE_FORMAT = 4  # bump when what a cached outcome means changes (2: the dtype in the key;
+# 3: a bf16 adapter keeps fp32 rotary frequencies, so its greedy outcomes may differ; 4: a
+# prompt continues the ids of the last prompt and reply instead of re-tokenising them)
 
 
 def default_cache() -> Path:
