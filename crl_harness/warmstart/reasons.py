@@ -138,8 +138,8 @@ def webshop_reason(observation: str, action: str, earlier: Sequence[str] = ()) -
         ...         "Free Bars [SEP] $9.99")
         >>> webshop_reason(page, "search[Find me gluten free snacks with flavor name: vanilla]")
         'The instruction asks for gluten free snacks; I search for it.'
-        >>> print(webshop_reason(page, "click[b0abcdefgh]"))
-        "Vanilla Gluten Free Bars" matches the instruction's words vanilla, gluten, free.
+        >>> webshop_reason(page, "click[b0abcdefgh]")
+        'I open b0abcdefgh, whose title shares 3 words with the instruction.'
         >>> webshop_reason(page, "click[vanilla]")
         'The instruction asks for vanilla.'
         >>> webshop_reason(page, "click[next >]")
@@ -166,14 +166,13 @@ def webshop_reason(observation: str, action: str, earlier: Sequence[str] = ()) -
     parts = _segments(observation)
     shown = [i for i, part in enumerate(parts[:-1]) if part.lower() == name]
     if shown and re.fullmatch(r"[a-z0-9]{10}", name):  # a product link: its title follows
-        title = parts[shown[0] + 1]
+        # A count, not the title or the words: a quoted title or a list of words taught greedy
+        # replies to loop in them to the token limit on held-out levels.
         asked = set(_words(instruction))
-        common = list(dict.fromkeys(w for w in _words(title) if w in asked))[:6]
-        words = title.split()
-        short = " ".join(words[:10]) + (" ..." if len(words) > 10 else "")
+        common = {w for w in _words(parts[shown[0] + 1]) if w in asked}
         if common:
-            return f"\"{short}\" matches the instruction's words {', '.join(common)}."
-        return f"I open \"{short}\" to see its options."
+            return f"I open {name}, whose title shares {len(common)} words with the instruction."
+        return f"I open {name} to see its options."
     if name in instruction.lower():
         return f"The instruction asks for {name}."
     return f"I select {name}."
