@@ -188,14 +188,13 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts = prompt_ids
         per_request = seed is not None and not self._on_cpu
         params = [
             SamplingParams(max_tokens=max_new_tokens, temperature=max(temperature, 0.0),
                            top_p=top_p, logprobs=0, stop_token_ids=sorted(self.stop_ids),
                            stop=list(stop) or None, include_stop_str_in_output=True,
                            seed=seed + index if per_request else None)
-            for index in range(len(prompts))
+            for index in range(len(prompt_ids))
         ]
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         if seed is None or per_request:
