@@ -88,6 +88,21 @@ def test_oracle_prompts_are_the_rollout_engines_and_targets_parse(backend):
     assert replay.prompts == [t.prompt_token_ids for t in traj.turns]
 
 
+def test_minihack_reasons_are_one_clause_that_starts_with_the_move(backend):
+    import re
+
+    for seed in range(4):
+        traj = _play(backend, seed=seed)
+        for turn in traj.turns:
+            think = parse_answer(turn.text).think
+            # one clause, the act first: a list of facts taught greedy replies to loop
+            assert ";" not in think and think.count(".") == 1, think
+            assert think.startswith(f"I move {turn.action} from x="), think
+            stairs = re.search(r"stairs > at x=(\d+), y=(\d+)", think)
+            if stairs:  # a goal the agent was shown, never one it could not see
+                assert f"(>) at x={stairs[1]}, y={stairs[2]}" in turn.observation, think
+
+
 def test_full_history_episode_packs_into_one_row(backend):
     traj = _play(backend, seed=5)
     [row] = sample_rows(traj.turns)
