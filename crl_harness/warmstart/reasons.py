@@ -9,6 +9,8 @@ observations, oldest first (what the agent has seen before this one).
 
 - MiniHack, Sokoban (``minihack_reason``, ``sokoban_reason``): the oracles read only the
   observation, and so do the reasons.
+- Every reason is one clause that starts with the act, never a list of facts or a quote: greedy
+  replies of a small model taught on lists loop one of their items to the token limit.
 - WebShop, ALFWorld (``webshop_reason``, ``alfworld_reason``): the oracles act on privileged state
   (the goal product, the game's walkthrough); their actions are behaviour-cloning targets as in
   every published SFT baseline, but the reasons say only what the instruction, the task sentence
@@ -72,27 +74,28 @@ def minihack_reason(observation: str, action: str, earlier: Sequence[str] = ()) 
 
 
 def sokoban_reason(observation: str, action: str, earlier: Sequence[str] = ()) -> str:
-    """Why ``action`` in a Sokoban grid: boxes placed and the moves a shortest solution needs
-    (``earlier`` is not needed).
+    """Why ``action`` in a Sokoban grid, as one clause that starts with the move: the moves a
+    shortest solution needs from here (``earlier`` is not needed).
 
     Example:
-        >>> grid = "# # # # #\\n# P X O #\\n# # # # #\\nBoxes on targets: 0 of 1."
+        >>> grid = "# # # # # #\\n# P X _ O #\\n# # # # # #\\nBoxes on targets: 0 of 1."
         >>> sokoban_reason(grid, "right")
-        'Boxes on targets: 0 of 1; a shortest solution takes 1 moves from here; it starts right.'
+        'I move right, the first of 2 moves that solve the level from here.'
     """
     from crl_envs.sokoban.level import Level
     from crl_envs.sokoban.solver import solve
 
-    placed = next((line.rstrip(".") for line in observation.splitlines()
-                   if line.startswith("Boxes on targets")), "")
     try:
         plan = solve(Level.from_text(observation))
     except Exception:  # noqa: BLE001 - an unreadable grid: say nothing it does not show
         plan = None
-    prefix = f"{placed}; " if placed else ""
     if not plan:
-        return f"{prefix}I try {action}."
-    return f"{prefix}a shortest solution takes {len(plan)} moves from here; it starts {plan[0]}."
+        return f"I try {action}."
+    if plan[0] != action:
+        return f"I move {action}, though a shortest solution from here starts {plan[0]}."
+    if len(plan) == 1:
+        return f"I move {action}, which solves the level."
+    return f"I move {action}, the first of {len(plan)} moves that solve the level from here."
 
 # --------------------------------------------------------------------------------- WebShop
 _STOPWORDS = frozenset(

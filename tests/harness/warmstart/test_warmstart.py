@@ -103,6 +103,18 @@ def test_minihack_reasons_are_one_clause_that_starts_with_the_move(backend):
                 assert f"(>) at x={stairs[1]}, y={stairs[2]}" in turn.observation, think
 
 
+def test_sokoban_reasons_count_down_the_moves_of_a_shortest_solution(backend):
+    import re
+
+    traj = _play_env(backend, "CRL/Sokoban-v0", 0, 30)
+    thinks = [parse_answer(t.text).think for t in traj.turns]
+    assert traj.won and len(thinks) >= 2
+    for turn, think in zip(traj.turns, thinks, strict=True):
+        assert ";" not in think and think.startswith(f"I move {turn.action}, "), think
+    counts = [int(m[1]) for m in (re.search(r"first of (\d+) moves", t) for t in thinks) if m]
+    assert counts == list(range(len(thinks), 1, -1)) and thinks[-1].endswith("solves the level.")
+
+
 def test_full_history_episode_packs_into_one_row(backend):
     traj = _play(backend, seed=5)
     [row] = sample_rows(traj.turns)
