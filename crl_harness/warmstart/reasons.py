@@ -9,8 +9,9 @@ observations, oldest first (what the agent has seen before this one).
 
 - MiniHack, Sokoban (``minihack_reason``, ``sokoban_reason``): the oracles read only the
   observation, and so do the reasons.
-- Every reason is one clause that starts with the act, never a list of facts or a quote: greedy
-  replies of a small model taught on lists loop one of their items to the token limit.
+- A reason is one short sentence, never a list of facts or a quoted text (MiniHack's, Sokoban's,
+  ALFWorld's and a WebShop click's start with the act): greedy replies of a small model taught
+  on lists loop one of their items to the token limit.
 - WebShop, ALFWorld (``webshop_reason``, ``alfworld_reason``): the oracles act on privileged state
   (the goal product, the game's walkthrough); their actions are behaviour-cloning targets as in
   every published SFT baseline, but the reasons say only what the instruction, the task sentence
