@@ -13,7 +13,9 @@ from the shipped warm start; ``--set key=value`` overrides every arm), reads its
 (cached: free the second time). Printed: per arm, held-out success and its paired difference
 against the warm start (levels x seeds pooled), every pair of arms paired the same way, and guided
 against free inside the same groups of training (paired slot by slot), each with its 95%
-interval and McNemar's exact p. Runs train ``--jobs`` at a time (default 1), each in a process of its own
+interval and McNemar's exact p; and the extractor's own quality at the start and the end of
+the runs (``--extractor-quality`` oracle episodes of held-out levels, ``extractor_quality.py``'s
+measure: the warm extractor, and each co-evolve run's final one). Runs train ``--jobs`` at a time (default 1), each in a process of its own
 with its share of the cores as ``run.torch_threads``: a cpu-demo run peaks at 13 GB (HF rollouts)
 to 16 GB (vLLM), so two at once ran a 24 GB machine out of memory; on 2 cores a pair of runs
 took 1.7x one run alone where they fit. It prints the
@@ -55,14 +57,30 @@ def heldout_seeds(cfg, levels: int) -> list[int]:
     return list(range(cfg.tasks.heldout_offset, cfg.tasks.heldout_offset + levels))
 
 
-def run_arm(levels: int, *run: object) -> None:
+def extractor_quality(cfg, extractor: str, episodes: int, out: Path) -> None:
+    """``benchmarks/extractor_quality.py``'s measure of ``extractor`` on ``episodes`` oracle
+    episodes of held-out levels (two won to one lost; the same ones for every extractor), into
+    ``out/extractor_quality.json``."""
+    from extractor_quality import measure  # a sibling: this script's folder is on sys.path
+
+    won = episodes - episodes // 3
+    results = measure(cfg, extractor, cfg.extractor.dtype, won, episodes - won, samples=1)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "extractor_quality.json").write_text(json.dumps(
+        {"extractor": extractor, "won": won, "lost": episodes - won, "results": results},
+        indent=2))
+
+
+def run_arm(levels: int, quality_episodes: int, *run: object) -> None:
     """Train one run (``run_config``'s arguments), then play the checkpoint its trainer returned
     on ``levels`` held-out levels without a bank; its metrics.jsonl and heldout.json are what
-    the tables read. A missing model or data, or a full disk, ends the process with one line,
-    as ``crl`` does."""
+    the tables read. A run whose extractor trained (co-evolve) saves it (``extractor_hf``) and
+    measures its quality on ``quality_episodes`` episodes. A missing model or data, or a full
+    disk, ends the process with one line, as ``crl`` does."""
     from crl_envs.errors import UserFacingError
     from crl_harness.heldout import evaluate_levels
     from crl_harness.trainer import Trainer
+    from crl_harness.training.checkpoint import actor_adapter_base
 
     cfg = run_config(*run)
     run_dir = Path(cfg.run.output_dir)
@@ -73,6 +91,14 @@ def run_arm(levels: int, *run: object) -> None:
         actor = trainer.last_checkpoint / "actor_hf"
         outcomes = evaluate_levels(cfg, f"hf:{actor}", {"held-out": (heldout_seeds(cfg, levels),
                                                                      False)}, run_dir / "eval")
+        if quality_episodes and cfg.arm == "co-evolve" and trainer.extractor is not None:
+            base = actor_adapter_base(cfg.extractor.model, trainer.extractor.lora)
+            if base is None:
+                trainer.extractor.save_merged(run_dir / "extractor_hf")
+            else:
+                trainer.extractor.save_adapter(run_dir / "extractor_hf", base)
+            trainer.tokenizer.save_pretrained(run_dir / "extractor_hf")
+            extractor_quality(cfg, f"hf:{run_dir / 'extractor_hf'}", quality_episodes, run_dir)
     except (UserFacingError, OSError) as err:
         raise SystemExit(f"efficacy: {cfg.run.output_dir}: {err}") from None
     (run_dir / "heldout.json").write_text(json.dumps(
@@ -90,7 +116,8 @@ def train_all(runs: list[tuple[str, int]], args: argparse.Namespace, out: Path,
         while waiting and len(running) < args.jobs:
             arm, seed = waiting.pop(0)
             process = context.Process(target=run_arm, name=f"the {arm} run of seed {seed}",
-                                      args=(args.eval_levels, args.config, arm, args.actor, seed,
+                                      args=(args.eval_levels, args.extractor_quality,
+                                            args.config, arm, args.actor, seed,
                                             args.steps, out, overrides))
             process.start()
             running[process.sentinel] = process
@@ -177,6 +204,43 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
     return report
 
 
+def quality_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Path,
+                   overrides: list[str]) -> dict:
+    """Print and return the extractor's quality at the start of the runs (the warm extractor,
+    measured here) and at their end (each co-evolve run's, measured after it trained; a static
+    run's extractor is the warm one throughout): greedy, the won episodes' exact lessons, the
+    lost ones' ``return`` and the malformed answers, and the malformed at the sampling
+    temperature, each with its 95% Wilson interval."""
+    from crl_harness.eval import format_rate
+
+    cfg = run_config(args.config, "co-evolve", args.actor, args.seed, args.steps, out, overrides)
+    extractor_quality(cfg, cfg.starting_model("extractor"), args.extractor_quality,
+                      out / "warm-start")
+    measured = {"warm start": out / "warm-start"}
+    measured.update({f"co-evolve seed {seed}": out / f"{arm}-seed{seed}" for arm, seed in runs
+                     if arm == "co-evolve"})
+    print(f"\nthe extractor's lessons on {args.extractor_quality} oracle episodes of held-out "
+          "levels (the same for each): exact lesson of a won one, return for a lost one, "
+          "malformed; greedy, and malformed at the sampling temperature")
+    report = {}
+    for name, folder in measured.items():
+        results = json.loads((folder / "extractor_quality.json").read_text())["results"]
+        greedy, sampled = results["greedy"]["counts"], next(
+            v["counts"] for k, v in results.items() if k != "greedy")
+        malformed = sum(c["malformed"] for c in greedy.values())
+        n = sum(sum(c.values()) for c in greedy.values())
+        sampled_malformed = sum(c["malformed"] for c in sampled.values())
+        sampled_n = sum(sum(c.values()) for c in sampled.values())
+        report[name] = results
+        print(f"  {name}: won, exact {format_rate(greedy['won']['right'], sum(greedy['won'].values()))}"
+              f"; lost, return {format_rate(greedy['lost']['right'], sum(greedy['lost'].values()))}"
+              f"; malformed {format_rate(malformed, n)}; sampled, malformed "
+              f"{format_rate(sampled_malformed, sampled_n)}")
+    if "static" in args.arms:
+        print("  static: the warm start's extractor throughout (never trained)")
+    return report
+
+
 def _cell(point: dict) -> str:
     return (f"{100 * point['rate']:.0f}% [{100 * point['interval'][0]:.0f}, "
             f"{100 * point['interval'][1]:.0f}]")
@@ -200,6 +264,10 @@ def main() -> None:
                         help="held-out levels each run's final actor and the warm start play, "
                              "one greedy episode each (default 128: about 90%% power for +15 "
                              "points, paired)")
+    parser.add_argument("--extractor-quality", type=int, default=48, metavar="EPISODES",
+                        help="oracle episodes of held-out levels (2 won : 1 lost) on which the "
+                             "warm extractor and each co-evolve run's final one write lessons "
+                             "(extractor_quality.py's measure; default 48, 0 skips it)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs trained at once, each in its own process (default 1: a "
                              "cpu-demo run peaks at 13-16 GB)")
@@ -209,6 +277,8 @@ def main() -> None:
         parser.error("--repeats must be in 1..20 and --steps in 1..10000")
     if not 1 <= args.jobs <= 16:
         parser.error("--jobs must be in 1..16")
+    if not 0 <= args.extractor_quality <= 300:
+        parser.error("--extractor-quality must be in 0..300 (0 skips it)")
     if not args.arms:
         parser.error(f"--arms needs at least one of: {', '.join(ARMS)}")
     from crl_harness.config import HELDOUT_RESERVED
@@ -260,11 +330,13 @@ def main() -> None:
         print(f"| {arm} | {_cell(c['all'][steps - 1])} | {100 * mean['all']:.0f}% | {guided} | "
               f"{free} |")
     paired = paired_report(runs, args, out, results, overrides)
+    quality = quality_report(runs, args, out, overrides) if args.extractor_quality else {}
     print(f"\n{args.repeats} seed(s) x {len(args.arms)} arm(s) in "
           f"{time.perf_counter() - started:.0f} s")
 
     (out / "efficacy.json").write_text(json.dumps({"args": vars(args), "curves": curves,
                                                   "paired": paired,
+                                                  "extractor_quality": quality,
                                                   "seconds": time.perf_counter() - started},
                                                   indent=2))
     import matplotlib

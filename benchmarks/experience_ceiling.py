@@ -16,8 +16,8 @@ arms, at the training temperature, the system prompt built as in training:
 - ``wrong``: the lesson of another pool level (the next one in the pool), as a retrieval miss
   would hand it.
 The j-th episode of a level in one arm is paired with its j-th in another: success rates with
-95% Wilson intervals, and own - free and wrong - free as paired differences with their 95%
-intervals and McNemar's exact p. Levels where the unhurried oracle does not win have no lesson
+95% Wilson intervals, how many played the lesson's whole route, and own - free and wrong - free
+as paired differences with their 95% intervals and McNemar's exact p. Levels where the unhurried oracle does not win have no lesson
 and are left out. One batch per arm, all arms with the same sampling seed.
 """
 
@@ -102,10 +102,21 @@ def main() -> None:
         wins, n = sum(won[arm]), len(won[arm])
         low, high = wilson_interval(wins, n)
         retrieved = sum(bool(t.experience_ids) for t in trajectories)
+        # played the lesson's route to its end (the own lesson's wins; another level's mostly not)
+        followed = sum(_played_route(t, routes[pick[t.seed]]) for t in trajectories
+                       if t.seed in pick)
         print(f"{arm:<6} {wins:>3}/{n:<3} {wins / n:6.1%} [{low:.1%}, {high:.1%}]  "
-              f"with a lesson: {retrieved}/{n}  ({time.perf_counter() - start:.0f} s)")
+              f"with a lesson: {retrieved}/{n}, played its whole route: {followed}/{n}  "
+              f"({time.perf_counter() - start:.0f} s)")
     for arm in ("own", "wrong"):
         print(f"{arm} - free: {format_paired(paired_difference(won['free'], won[arm]), 'free', arm)}")
+
+
+def _played_route(trajectory, lesson) -> bool:
+    """Whether the episode's first moves are the whole route of ``lesson`` ("from the start,
+    play east, south.")."""
+    route = lesson.content.removeprefix("from the start, play ").rstrip(".").split(", ")
+    return [t.action for t in trajectory.turns[:len(route)]] == route
 
 
 def sys_path_benchmarks() -> None:

@@ -67,49 +67,33 @@ def verdict(answer: str, taught: tuple) -> str:
     return "right" if parsed.ops == taught else "other"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="cpu-demo")
-    parser.add_argument("--extractor", default=None, help="default: the extractor the config starts from")
-    parser.add_argument("--won", type=int, default=16, help="won episodes (1..200)")
-    parser.add_argument("--lost", type=int, default=8, help="lost episodes (0..200)")
-    parser.add_argument("--samples", type=int, default=2,
-                        help="answers per episode at the training temperature (0..8)")
-    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "auto"),
-                        help="the extractor's weights (default: the config's extractor.dtype, "
-                             "what training samples with)")
-    parser.add_argument("--out", default="runs/extractor-quality")
-    args = parser.parse_args()
-    for name, low, high in (("won", 1, 200), ("lost", 0, 200), ("samples", 0, 8)):
-        if not low <= getattr(args, name) <= high:
-            parser.error(f"--{name} must be in {low}..{high}")
-
-    from crl_harness.config import load_config
+def measure(cfg, extractor: str, dtype: str, won: int, lost: int, samples: int) -> dict:
+    """Play ``won`` won and ``lost`` lost oracle episodes on ``cfg``'s held-out levels and ask
+    ``extractor`` (a model spec) for each one's operations, greedy and ``samples`` times at
+    ``cfg.extractor.temperature``; print and return, per label and outcome, how many answers
+    were right, other and malformed."""
     from crl_harness.eval import wilson_interval
     from crl_harness.experience.distill import DistillationRequest, distill_prompt
     from crl_harness.experience.operations import ParseLimits
     from crl_harness.models.registry import load_backend
 
-    cfg = load_config(args.config)
-    extractor = args.extractor or cfg.starting_model("extractor")
-    dtype = args.dtype or cfg.extractor.dtype
     backend = load_backend(extractor, dtype=dtype)
-    episodes = oracle_episodes(cfg, backend, args.won, args.lost)
+    episodes = oracle_episodes(cfg, backend, won, lost)
     prompts = [[{"role": "user", "content": distill_prompt(
         DistillationRequest(t.env_id, t.task, t.transcript, t.won, t.score), [],
         max_ops=ParseLimits().max_ops,
         max_transcript_chars=cfg.experience.max_transcript_chars)}] for t in episodes]
     taught = [taught_ops(t, backend.tokenizer, cfg.experience.max_transcript_chars)
               for t in episodes]
-    print(f"extractor quality: {extractor} ({dtype}) on {cfg.tasks.envs[0].id}, {args.won} won and "
-          f"{args.lost} lost oracle episodes from held-out level {cfg.tasks.heldout_offset}",
+    print(f"extractor quality: {extractor} ({dtype}) on {cfg.tasks.envs[0].id}, {won} won and "
+          f"{lost} lost oracle episodes from held-out level {cfg.tasks.heldout_offset}",
           flush=True)
     results: dict[str, dict] = {}
     for label, temperature, repeats in (("greedy", 0.0, 1),
                                         (f"T={cfg.extractor.temperature}",
-                                         cfg.extractor.temperature, args.samples)):
+                                         cfg.extractor.temperature, samples)):
         started = time.perf_counter()
-        counts = {won: {"right": 0, "other": 0, "malformed": 0} for won in ("won", "lost")}
+        counts = {outcome: {"right": 0, "other": 0, "malformed": 0} for outcome in ("won", "lost")}
         examples = []
         for _ in range(repeats):
             answers = backend.generate(prompts, max_new_tokens=cfg.extractor.max_new_tokens,
@@ -130,6 +114,32 @@ def main() -> None:
                   f"{row['other']}, malformed {row['malformed']}", flush=True)
         for text in examples:
             print(f"    e.g. {text[:150]!r}")
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="cpu-demo")
+    parser.add_argument("--extractor", default=None, help="default: the extractor the config starts from")
+    parser.add_argument("--won", type=int, default=16, help="won episodes (1..200)")
+    parser.add_argument("--lost", type=int, default=8, help="lost episodes (0..200)")
+    parser.add_argument("--samples", type=int, default=2,
+                        help="answers per episode at the training temperature (0..8)")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "auto"),
+                        help="the extractor's weights (default: the config's extractor.dtype, "
+                             "what training samples with)")
+    parser.add_argument("--out", default="runs/extractor-quality")
+    args = parser.parse_args()
+    for name, low, high in (("won", 1, 200), ("lost", 0, 200), ("samples", 0, 8)):
+        if not low <= getattr(args, name) <= high:
+            parser.error(f"--{name} must be in {low}..{high}")
+
+    from crl_harness.config import load_config
+
+    cfg = load_config(args.config)
+    extractor = args.extractor or cfg.starting_model("extractor")
+    results = measure(cfg, extractor, args.dtype or cfg.extractor.dtype, args.won, args.lost,
+                      args.samples)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "extractor_quality.json").write_text(json.dumps(

@@ -149,6 +149,8 @@ def run_episode(env: gym.Env, agent: Agent, spec: EpisodeSpec) -> Trajectory:
     traj.task = reset_info.get("task", "") or ""
     traj.task_id = task_id_of(spec.env_id, spec.seed, reset_info)
     traj.experience_ids = list(reset_info.get("experience_ids", []))
-    traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score)
+    traj.retrieval_key = str(reset_info.get("retrieval_query") or "")
+    traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score,
+                                    level=traj.retrieval_key)
     traj.final_observation = episode.observation
     return traj

@@ -23,6 +23,8 @@ QUALITY = Path(__file__).resolve().parents[1] / "benchmarks" / "extractor_qualit
     (EFFICACY, ["--eval-levels", "0"], "--eval-levels must be in 1..10000"),
     (EFFICACY, ["--eval-levels", "10001"], "--eval-levels must be in 1..10000"),
     (EFFICACY, ["--set", "actor.no_such_key=1"], "no_such_key"),
+    (EFFICACY, ["--extractor-quality", "-1"], "--extractor-quality must be in 0..300"),
+    (EFFICACY, ["--extractor-quality", "301"], "--extractor-quality must be in 0..300"),
     (PILOT, ["--steps", "0"], "--steps must be in 1..1000"),
     (PILOT, ["--levels", "0"], "--levels in 1..10000"),
     (PILOT, ["--steps", "4", "--eval-at", "5"], "every --eval-at step must be in 1..--steps (4)"),
@@ -74,3 +76,19 @@ def test_hardening_efficacy_empty_arms_a_file_as_out_and_a_negative_seed_are_usa
         err = capsys.readouterr().err
         assert stopped.value.code == 2 and message in err and "Traceback" not in err, flags
     assert a_file.read_text() == "kept\n" and not (tmp_path / "out").exists()
+
+
+def test_retrieval_oracle_lessons_are_the_warm_starts_route_entries(monkeypatch):
+    """The oracle lessons of retrieval_oracle.py and experience_ceiling.py: each level's entry as
+    the warm start shows it (they were once built from the entry as if it were an observation)."""
+    from crl_harness.config import load_config
+
+    monkeypatch.syspath_prepend(str(EFFICACY.parent))
+    from retrieval_oracle import lessons, oracle_play
+
+    cfg = load_config("cpu-demo")
+    found = lessons(cfg.tasks.envs[0].id, [0, 1, 2], oracle_play(cfg))
+    assert found
+    for seed, entry in found.items():
+        assert entry.id == f"route-{seed}" and entry.title.startswith("Winning moves from x=")
+        assert entry.content.startswith("from the start, play ")

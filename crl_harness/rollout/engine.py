@@ -295,7 +295,8 @@ class RolloutEngine:
         traj = episode.trajectory
         if not (traj.terminated or traj.truncated or traj.error):
             traj.truncated = True  # ended by the engine's turn cap, which the env never saw
-        traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score, traj.gate)
+        traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score, traj.gate,
+                                        traj.retrieval_key)
         traj.system, traj.final_observation = episode.conversation.system, episode.state
         results[index] = traj
         if traj.error:

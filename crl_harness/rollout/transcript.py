@@ -1,6 +1,9 @@
 """An episode as plain text (the extractor's input).
 
 Holds ``transcript_of`` and ``_gate_line`` (the actor-critic gate's verdict as one line).
+A transcript names the level by its retrieval key and ends with the moves played in one line:
+a lesson about the level is then written by copying lines, which a small extractor does
+reliably, where reading the key out of the first map and the moves out of six turns it did not.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ def _gate_line(gate: GateRecord) -> str:
 
 
 def transcript_of(task: str, turns: Sequence[Turn], won: bool, score: float,
-                  gate: GateRecord | None = None) -> str:
-    """The episode as plain text: task, the gate's verdict when there was one, then each
-    observation and action (or ask), then the outcome."""
+                  gate: GateRecord | None = None, level: str = "") -> str:
+    """The episode as plain text: task, the level's retrieval key (``level``, when the env gives
+    one), the gate's verdict when there was one, then each observation and action (or ask), the
+    moves played in one line, then the outcome."""
     lines = [f"Task: {task}"] if task else []
+    if level:
+        lines.append(f"Level: {level}")
     if gate is not None:
         lines.append(_gate_line(gate))
     for index, turn in enumerate(turns, start=1):
@@ -34,5 +40,7 @@ def transcript_of(task: str, turns: Sequence[Turn], won: bool, score: float,
         else:
             action = turn.action if turn.format_ok else "(reply not in the answer format)"
         lines.append(f"[Action {index}] {action}")
+    moves = [t.action for t in turns if t.ask is None and t.format_ok and t.action]
+    lines.append(f"[Moves played] {', '.join(moves) if moves else '(none)'}")
     lines.append(f"[Outcome] {'success' if won else 'failure'} (score {score:g})")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from crl_harness.models.base import encode_chat
 from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env, transcript_of
 from crl_harness.warmstart.reasons import REASONS, random_reason
 
-__all__ = ["AdvisedEpisode", "route_advice", "winning_route", "earlier_route",
+__all__ = ["AdvisedEpisode", "route_advice", "advice_check", "winning_route", "earlier_route",
            "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_class",
            "class_quotas", "extractor_episodes", "extractor_sample", "reply_ids"]
 
@@ -37,7 +37,7 @@ STRAY_NOISE = 1.0
 """the noise of the extra episode ``extractor_episodes`` plays for a lost class when the oracle
 recovered from ``noise`` (WebShop's and ALFWorld's do: a random click or step rarely hurts)"""
 _PLACEHOLDER = re.compile(r"\[<\w+>\]$")  # WebShop's "search[<query>]": a form, not an action
-FOREIGN_SHARE = 1 / 3  # of the advised episodes: shown another level's route, taught to set it aside
+FOREIGN_SHARE = 1 / 2  # of the advised episodes: shown another level's route, taught to set it aside
 ANSWER_CLASSES = ("add", "return", "upvote", "downvote")
 """what ``extractor_sample`` answers, in the order a count not divisible by four fills them"""
 
@@ -79,6 +79,31 @@ def route_advice(env_id: str, start_observation: str, moves: list[str],
     title = (f"Winning moves from {key}" if key
              else f"Winning moves for: {task}" if task else "Winning moves of this level")
     return ExperienceEntry(entry_id, env_id, title, f"from the start, play {', '.join(moves)}.")
+
+
+_ROUTE_TITLE = "Winning moves from "
+
+
+def advice_check(entry: ExperienceEntry, observation: str) -> str | None:
+    """Whether a route lesson fits the level, said the way the actor can check it: the start
+    cell (and what was in view there) of the lesson's title against the first observation's.
+    ``None`` where the title or the observation carries no MiniHack level key.
+
+    >>> entry = route_advice("CRL/MiniHackRoom-v0", "You (@) are at x=39, y=9. HP 12/12.", ["west"])
+    >>> advice_check(entry, "You (@) are at x=38, y=12. HP 12/12.")
+    'The advice is from x=39, y=9, not from my x=38, y=12'
+    """
+    mine = level_key(observation)
+    if mine is None or not entry.title.startswith(_ROUTE_TITLE):
+        return None
+    theirs = entry.title.removeprefix(_ROUTE_TITLE)
+    my_cell, _, my_view = mine.partition("; in view: ")
+    their_cell, _, their_view = theirs.partition("; in view: ")
+    if theirs == mine:
+        return f"The advice is from {my_cell}, where I start"
+    if their_cell != my_cell:
+        return f"The advice is from {their_cell}, not from my {my_cell}"
+    return f"The advice from {my_cell} saw {their_view}, not {my_view}"
 
 
 def winning_route(trajectory: Trajectory) -> list[str]:
@@ -145,13 +170,15 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
             t = traj.steps
             allowed = [a for a in info.get("admissible_actions") or [] if not _PLACEHOLDER.search(a)]
             planned: str | None = None  # the oracle's move, where asked (a noise turn does not)
+            check = advice_check(advice, observation) if advice is not None and t == 0 else None
             if route is not None and t < len(route):
                 action = route[t]
                 if not left_route:  # once the route left the oracle's plan, no need to ask
                     planned = oracle.act(observation, info)
                 # a long move (WebShop's search of a whole instruction) is not said twice
                 named = f" is {action}" if len(action) <= 40 else ""
-                reason = f"The advice's winning moves: move {t + 1} of {len(route)}{named}."
+                reason = (f"{check}; its move 1 of {len(route)}{named}." if check else
+                          f"The advice's winning moves: move {t + 1} of {len(route)}{named}.")
             elif noise and allowed and rng.random() < noise:
                 action = rng.choice(allowed)
                 reason = random_reason(observation, action, earlier)
@@ -159,7 +186,10 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
                 planned = action = oracle.act(observation, info)
                 reason = REASONS[env_id](observation, action, earlier)
             if advice is not None and route is None and t == 0:
-                reason = f"Advice for another level: set aside. {reason}"
+                # the check, then the move alone: with the move's own reason too, the reply
+                # outgrows cpu-demo's 64 new tokens
+                reason = (f"{check}: set aside; I play {action}." if check
+                          else f"Advice for another level: set aside. {reason}")
             text = f"<think>{reason}</think><answer>{action}</answer>"
             messages = episode.conversation.messages(
                 budget, lambda m: len(encode_chat(tokenizer, m)))
@@ -179,7 +209,8 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
                 # it was, and its message (no map) is no state to plan from.
                 left_route = route is not None and t < len(route)
                 oracle.reset(state, episode.info)
-        traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score)
+        traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score,
+                                        level=traj.retrieval_key)
         return traj
     finally:
         env.close()

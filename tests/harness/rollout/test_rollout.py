@@ -136,6 +136,10 @@ def test_a_perfect_policy_wins_every_episode():
         assert traj.reward == pytest.approx(1.0) and traj.format_failures == 0
         assert traj.turns[-1].reward == 1.0 and all(t.action_valid for t in traj.turns)
         assert "[Outcome] success" in traj.transcript
+        # the level by its key, and the moves in one line: what a lesson about it copies
+        assert traj.retrieval_key and f"Level: {traj.retrieval_key}\n" in traj.transcript
+        moves = ", ".join(t.action for t in traj.turns)
+        assert f"[Moves played] {moves}\n[Outcome]" in traj.transcript
     engine.close()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from crl_harness.warmstart import WarmStartError, run_warmstart
 from crl_harness.warmstart.data import (
     ANSWER_CLASSES,
     actor_episodes,
+    advice_check,
     answer_class,
     class_quotas,
     extractor_episodes,
@@ -176,6 +178,10 @@ def test_advice_is_in_the_system_prompt_and_followed(backend):
     assert entry.text in system
     assert [t.action for t in advised.turns] == route and advised.won
     assert all("advice" in parse_answer(t.text).think for t in advised.turns)
+    # the first reason checks the lesson's start against the episode's own, as the actor can
+    cell = re.search(r"You \(@\) are at (x=\d+, y=\d+)", advised.turns[0].observation)[1]
+    assert parse_answer(advised.turns[0].text).think.startswith(
+        f"The advice is from {cell}, where I start; its move 1 of {len(route)}")
 
 
 def test_another_levels_advice_is_set_aside(backend):
@@ -183,9 +189,30 @@ def test_another_levels_advice_is_set_aside(backend):
     other = route_advice(ROOM, first.turns[0].observation, winning_route(first))
     traj = _play(backend, seed=4, advice=other)
     assert other.text in backend.tokenizer.decode(traj.turns[0].prompt_token_ids)
-    assert parse_answer(traj.turns[0].text).think.startswith("Advice for another level")
+    theirs = re.search(r"(x=\d+, y=\d+)", other.title)[1]
+    mine = re.search(r"You \(@\) are at (x=\d+, y=\d+)", traj.turns[0].observation)[1]
+    assert theirs != mine
+    assert parse_answer(traj.turns[0].text).think == (
+        f"The advice is from {theirs}, not from my {mine}: set aside; I play {traj.turns[0].action}.")
     plain = _play(backend, seed=4)
     assert [t.action for t in traj.turns] == [t.action for t in plain.turns]
+
+
+def test_advice_check_compares_the_lessons_start_and_view_with_the_episodes():
+    def seen(cell, view=""):
+        return f"You (@) are at {cell}. HP 12/12." + (f"\nIn view: {view}." if view else "")
+
+    stairs = "staircase down (>) at x=39, y=12 (1 east)"
+    entry = route_advice(ROOM, seen("x=38, y=12", stairs), ["east"])
+    assert advice_check(entry, seen("x=38, y=12", stairs)) == (
+        "The advice is from x=38, y=12, where I start")
+    assert advice_check(entry, seen("x=37, y=11")) == (
+        "The advice is from x=38, y=12, not from my x=37, y=11")
+    assert advice_check(entry, seen("x=38, y=12")) == (
+        "The advice from x=38, y=12 saw staircase down (>) 1 east, not nothing notable")
+    # not a route lesson, or no hero in view: nothing to check
+    assert advice_check(route_advice(ROOM, "", ["east"], task="Reach it"), seen("x=1, y=1")) is None
+    assert advice_check(entry, "Message: (none)") is None
 
 
 def test_actor_episodes_mix_followed_and_foreign_advice(backend):
