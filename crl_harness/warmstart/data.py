@@ -289,7 +289,11 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     """Episodes whose ``extractor_sample`` answers are balanced over ``ANSWER_CLASSES``
     (``class_quotas(count)``), from consecutive levels of ``seeds`` until every class is full:
 
-    - ``add`` / ``return``: a plain episode with ``noise`` (no entry) that won / lost;
+    - ``add`` / ``return``: an episode with ``noise`` that won / lost, ``FOREIGN_SHARE`` of them
+      shown another level's route, which they set aside (its title is not the episode's
+      ``Level``): the answer is the episode's own, as without it (without such samples a warm
+      extractor upvoted another level's route that a won episode had set aside, and the level
+      never got a lesson of its own);
     - ``upvote``: an episode that followed its own level's route (an earlier, unhurried attempt's,
       as ``actor_episodes`` advises) and won;
     - ``downvote``: an episode that followed another level's route (an entry retrieval brought
@@ -315,8 +319,16 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
         if not any(wants(name) for name in ANSWER_CLASSES):
             break
         if wants("add") or wants("return"):
+            # FOREIGN_SHARE of them are shown another level's route (retrieval can bring one),
+            # which the episode sets aside: the answer is still the episode's own add or return
+            other = rng.choice(routes)[0] if routes and rng.random() < FOREIGN_SHARE else None
             plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
-                                                       **play))
+                                                       advice=other, **play), other,
+                                   followed=False)
+            if other is not None and other.title == _own_title(plain.trajectory):
+                # an earlier level with this level's key: its route is no other level's
+                plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
+                                                           **play))
             if wants(answer_class(plain)):
                 found[answer_class(plain)].append(plain)
             if plain.trajectory.won and wants("return") and 0 < noise < STRAY_NOISE:
@@ -349,6 +361,12 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     return [episode for name in ANSWER_CLASSES for episode in found[name]]
 
 
+def _own_title(trajectory: Trajectory) -> str:
+    """The title of the lesson ``route_advice`` writes for the trajectory's level."""
+    return route_advice(trajectory.env_id, trajectory.turns[0].observation, [],
+                        task=trajectory.task, key=trajectory.retrieval_key).title
+
+
 def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
                      max_transcript_chars: int) -> Turn:
     """The distillation prompt the Experience Manager builds for ``episode`` (chat-encoded as
@@ -365,10 +383,9 @@ def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
     ops: list[dict[str, Any]]
     if kind == "add":
         # The moves as played: a lesson the extractor can copy from the transcript it reads.
-        lesson = route_advice(traj.env_id, traj.turns[0].observation,
-                              [t.action or "" for t in traj.turns], task=traj.task,
-                              key=traj.retrieval_key)
-        ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
+        moves = [t.action or "" for t in traj.turns]
+        ops = [{"op": "add", "title": _own_title(traj),
+                "content": f"from the start, play {', '.join(moves)}."}]
     elif kind == "return":
         ops = [{"op": "return"}]
     else:

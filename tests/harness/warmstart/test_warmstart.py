@@ -253,18 +253,28 @@ def test_extractor_samples_are_balanced_over_the_answer_classes(backend):
                                   max_context=backend.max_context, max_new_tokens=64,
                                   history=None, env_kwargs=DARK)
     assert class_quotas(10) == {"add": 3, "return": 3, "upvote": 2, "downvote": 2}
-    answered = []
+    answered, shown_other = [], []
     for episode in episodes:
         sample = extractor_sample(episode, tokenizer=backend.tokenizer, max_ops=3,
                                   max_transcript_chars=2000)
         [op] = json.loads(sample.text.removeprefix("<answer>").removesuffix("</answer>"))
         assert parse_distillation(sample.text, int(episode.advice is not None)).ok
         assert op["op"] == answer_class(episode)
-        shown = "[0] " in backend.tokenizer.decode(sample.prompt_token_ids)
-        assert shown == (op["op"] in ("upvote", "downvote"))  # a vote names an entry shown
+        prompt = backend.tokenizer.decode(sample.prompt_token_ids)
+        assert ("[0] " in prompt) == (episode.advice is not None)
+        if op["op"] in ("upvote", "downvote"):  # a vote names an entry shown
+            assert episode.advice is not None and episode.followed
+        elif episode.advice is not None:  # another level's route, set aside: not voted on
+            assert not episode.followed
+            assert f"Level: {episode.trajectory.retrieval_key}\n" in prompt
+            assert episode.advice.title != f"Winning moves from {episode.trajectory.retrieval_key}"
+            shown_other.append(op["op"])
+        if op["op"] == "add":  # the episode's own level and moves, whatever it was shown
+            assert op["title"] == f"Winning moves from {episode.trajectory.retrieval_key}"
         assert episode.trajectory.won == (op["op"] in ("add", "upvote"))
         answered.append(op["op"])
     assert {name: answered.count(name) for name in ANSWER_CLASSES} == class_quotas(10)
+    assert shown_other  # some adds or returns were shown another level's route
     misled = [e for e in episodes if answer_class(e) == "downvote"]
     # a downvoted entry is another level's route, and the episode played its moves first
     for episode in misled:
