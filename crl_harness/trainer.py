@@ -145,7 +145,10 @@ class Trainer:
         self.experience: ExperienceService | None = None
         self.extractor: PolicyLearner | None = None
         if cfg.uses_experience:
-            spec = cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model
+            # co-evolve: the base, which the learner puts its adapters (lora.init_from) on;
+            # static: the frozen extractor itself, its warm start's adapters merged at load
+            spec = ((cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model)
+                    if cfg.trains_extractor else cfg.starting_model("extractor"))
             vllm_static = cfg.extractor.rollout_engine == "vllm" and not cfg.trains_extractor
             # with "same": a second copy of the base model
             extractor_backend = load_backend(

@@ -560,6 +560,35 @@ def test_lora_trains_only_the_adapters(models, tmp_path, alternating_rewards):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_the_static_arm_distils_with_its_warm_starts_adapters(models, tmp_path):
+    """A static run's frozen extractor is the one its lora.init_from names, merged at load (it
+    was once the bare base: a 135M base writes no answer in format, so the bank stayed empty)."""
+    from crl_harness.config import LoRAConfig
+    from crl_harness.models import HFBackend
+    from crl_harness.training.learner import PolicyLearner
+
+    base = str(models[1])
+    warm = PolicyLearner(HFBackend(base).model, lr=1e-3, max_grad_norm=1.0, temperature=1.0,
+                         micro_batch_size=1, lora=LoRAConfig(enabled=True, r=4, alpha=8))
+    torch.manual_seed(0)
+    for name, parameter in warm.model.named_parameters():
+        if "lora_" in name:
+            parameter.data.normal_(std=0.05)
+    warm.save_adapter(tmp_path / "warm", base)
+    merged = HFBackend(str(tmp_path / "warm")).model.state_dict()
+    bare = HFBackend(base).model.state_dict()
+    cfg = load_config(None, _overrides(models, tmp_path / "run", arm="static", steps=1) + [
+        "extractor.lora.enabled=true", f"extractor.lora.init_from={tmp_path / 'warm'}"])
+    trainer = Trainer(cfg)
+    try:
+        assert trainer.extractor is None  # static: nothing trains it
+        used = trainer.experience.backend.model.state_dict()
+        changed = [k for k in used if not torch.equal(bare[k], merged[k])]
+        assert changed and all(torch.equal(used[k], merged[k]) for k in changed)
+    finally:
+        trainer.close()
+
+
 def test_lora_on_a_bf16_base_continues_init_from_and_resumes_from_adapter_only_checkpoints(
         models, tmp_path, alternating_rewards):
     from safetensors.torch import load_file
