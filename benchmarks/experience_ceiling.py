@@ -105,9 +105,9 @@ def main() -> None:
         # played the lesson's route to its end (the own lesson's wins; another level's mostly not)
         followed = sum(_played_route(t, routes[pick[t.seed]]) for t in trajectories
                        if t.seed in pick)
+        played = f", played its whole route: {followed}/{n}" if pick else ""
         print(f"{arm:<6} {wins:>3}/{n:<3} {wins / n:6.1%} [{low:.1%}, {high:.1%}]  "
-              f"with a lesson: {retrieved}/{n}, played its whole route: {followed}/{n}  "
-              f"({time.perf_counter() - start:.0f} s)")
+              f"with a lesson: {retrieved}/{n}{played}  ({time.perf_counter() - start:.0f} s)")
     for arm in ("own", "wrong"):
         print(f"{arm} - free: {format_paired(paired_difference(won['free'], won[arm]), 'free', arm)}")
 
