@@ -76,7 +76,7 @@ def route_advice(env_id: str, start_observation: str, moves: list[str],
     'Winning moves for: Find me a red mug'
     """
     key = key or level_key(start_observation)
-    title = (f"Winning moves from {key}" if key
+    title = (f"{_ROUTE_TITLE}{key}" if key
              else f"Winning moves for: {task}" if task else "Winning moves of this level")
     return ExperienceEntry(entry_id, env_id, title, f"from the start, play {', '.join(moves)}.")
 
@@ -383,9 +383,10 @@ def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
     ops: list[dict[str, Any]]
     if kind == "add":
         # The moves as played: a lesson the extractor can copy from the transcript it reads.
-        moves = [t.action or "" for t in traj.turns]
-        ops = [{"op": "add", "title": _own_title(traj),
-                "content": f"from the start, play {', '.join(moves)}."}]
+        lesson = route_advice(traj.env_id, traj.turns[0].observation,
+                              [t.action or "" for t in traj.turns], task=traj.task,
+                              key=traj.retrieval_key)
+        ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
     elif kind == "return":
         ops = [{"op": "return"}]
     else:
