@@ -86,12 +86,15 @@ _ROUTE_TITLE = "Winning moves from "
 
 def advice_check(entry: ExperienceEntry, observation: str) -> str | None:
     """Whether a route lesson fits the level, said the way the actor can check it: the start
-    cell (and what was in view there) of the lesson's title against the first observation's.
-    ``None`` where the title or the observation carries no MiniHack level key.
+    cell (and what was in view there) of the first observation, then the lesson title's, so that
+    the two stand side by side before the reply decides (": mine" or ": set aside"; with the
+    advice's cell written before its own, an actor sampling at T=0.99 decided wrongly for a
+    third of its own lessons). ``None`` where the title or the observation carries no MiniHack
+    level key.
 
     >>> entry = route_advice("CRL/MiniHackRoom-v0", "You (@) are at x=39, y=9. HP 12/12.", ["west"])
     >>> advice_check(entry, "You (@) are at x=38, y=12. HP 12/12.")
-    'The advice is from x=39, y=9, not from my x=38, y=12'
+    'I start at x=38, y=12; the advice is from x=39, y=9'
     """
     mine = level_key(observation)
     if mine is None or not entry.title.startswith(_ROUTE_TITLE):
@@ -99,11 +102,9 @@ def advice_check(entry: ExperienceEntry, observation: str) -> str | None:
     theirs = entry.title.removeprefix(_ROUTE_TITLE)
     my_cell, _, my_view = mine.partition("; in view: ")
     their_cell, _, their_view = theirs.partition("; in view: ")
-    if theirs == mine:
-        return f"The advice is from {my_cell}, where I start"
-    if their_cell != my_cell:
-        return f"The advice is from {their_cell}, not from my {my_cell}"
-    return f"The advice from {my_cell} saw {their_view}, not {my_view}"
+    if their_cell != my_cell or theirs == mine:
+        return f"I start at {my_cell}; the advice is from {their_cell}"
+    return f"I start at {my_cell} seeing {my_view}; the advice saw {their_view}"
 
 
 def winning_route(trajectory: Trajectory) -> list[str]:
@@ -177,7 +178,7 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
                     planned = oracle.act(observation, info)
                 # a long move (WebShop's search of a whole instruction) is not said twice
                 named = f" is {action}" if len(action) <= 40 else ""
-                reason = (f"{check}; its move 1 of {len(route)}{named}." if check else
+                reason = (f"{check}: mine; its move 1 of {len(route)}{named}." if check else
                           f"The advice's winning moves: move {t + 1} of {len(route)}{named}.")
             elif noise and allowed and rng.random() < noise:
                 action = rng.choice(allowed)

@@ -181,7 +181,7 @@ def test_advice_is_in_the_system_prompt_and_followed(backend):
     # the first reason checks the lesson's start against the episode's own, as the actor can
     cell = re.search(r"You \(@\) are at (x=\d+, y=\d+)", advised.turns[0].observation)[1]
     assert parse_answer(advised.turns[0].text).think.startswith(
-        f"The advice is from {cell}, where I start; its move 1 of {len(route)}")
+        f"I start at {cell}; the advice is from {cell}: mine; its move 1 of {len(route)}")
 
 
 def test_another_levels_advice_is_set_aside(backend):
@@ -193,7 +193,7 @@ def test_another_levels_advice_is_set_aside(backend):
     mine = re.search(r"You \(@\) are at (x=\d+, y=\d+)", traj.turns[0].observation)[1]
     assert theirs != mine
     assert parse_answer(traj.turns[0].text).think == (
-        f"The advice is from {theirs}, not from my {mine}: set aside; I play {traj.turns[0].action}.")
+        f"I start at {mine}; the advice is from {theirs}: set aside; I play {traj.turns[0].action}.")
     plain = _play(backend, seed=4)
     assert [t.action for t in traj.turns] == [t.action for t in plain.turns]
 
@@ -205,11 +205,11 @@ def test_advice_check_compares_the_lessons_start_and_view_with_the_episodes():
     stairs = "staircase down (>) at x=39, y=12 (1 east)"
     entry = route_advice(ROOM, seen("x=38, y=12", stairs), ["east"])
     assert advice_check(entry, seen("x=38, y=12", stairs)) == (
-        "The advice is from x=38, y=12, where I start")
+        "I start at x=38, y=12; the advice is from x=38, y=12")
     assert advice_check(entry, seen("x=37, y=11")) == (
-        "The advice is from x=38, y=12, not from my x=37, y=11")
+        "I start at x=37, y=11; the advice is from x=38, y=12")
     assert advice_check(entry, seen("x=38, y=12")) == (
-        "The advice from x=38, y=12 saw staircase down (>) 1 east, not nothing notable")
+        "I start at x=38, y=12 seeing nothing notable; the advice saw staircase down (>) 1 east")
     # not a route lesson, or no hero in view: nothing to check
     assert advice_check(route_advice(ROOM, "", ["east"], task="Reach it"), seen("x=1, y=1")) is None
     assert advice_check(entry, "Message: (none)") is None
