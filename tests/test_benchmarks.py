@@ -92,3 +92,22 @@ def test_retrieval_oracle_lessons_are_the_warm_starts_route_entries(monkeypatch)
     for seed, entry in found.items():
         assert entry.id == f"route-{seed}" and entry.title.startswith("Winning moves from x=")
         assert entry.content.startswith("from the start, play ")
+
+
+@pytest.mark.parametrize(("native", "dtype"), [(True, "bfloat16"), (False, "float32")])
+def test_efficacy_runs_cpu_demo_in_float32_where_the_cpu_emulates_bf16(monkeypatch, tmp_path,
+                                                                       native, dtype):
+    """As ``crl demo``: an emulated bf16 made a cpu-demo step 4x slower than it is in bf16
+    natively; an explicit ``--set`` still wins."""
+    import crl_harness.models.hf as hf
+
+    monkeypatch.syspath_prepend(str(EFFICACY.parent))
+    import efficacy
+
+    monkeypatch.setattr(hf, "cpu_computes_bf16", lambda: native)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    cfg = efficacy.run_config("cpu-demo", "none", None, 0, 1, tmp_path, [])
+    assert cfg.actor.dtype == cfg.extractor.dtype == dtype
+    forced = efficacy.run_config("cpu-demo", "none", None, 0, 1, tmp_path,
+                                 ["actor.dtype=bfloat16"])
+    assert forced.actor.dtype == "bfloat16"
