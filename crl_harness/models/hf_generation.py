@@ -66,34 +66,22 @@ def sample_next_token(logits: Any, temperature: float, top_p: float, generator: 
     return tokens, logps.gather(-1, tokens[:, None])[:, 0]
 
 
-PASS_TOKENS = 32
-"""what one extra prefill forward pass costs, in padded prompt tokens: the weights streamed once
-and the operators' dispatch (benchmarks/prefill_runs_bench.py)"""
-
-
-def prefill_runs(counts: list[int], pass_tokens: int = PASS_TOKENS) -> list[tuple[int, int]]:
-    """Split ascending new-token ``counts`` into runs ``[first, end)`` prefilled together, each
-    row padded to its run's longest: the split that minimises the tokens computed, padding
-    included, plus ``pass_tokens`` for each forward pass (a dynamic programme over the split
-    points; a batch holds at most a few hundred rows).
+def prefill_runs(counts: list[int]) -> list[tuple[int, int]]:
+    """Split ascending new-token ``counts`` into runs ``[first, end)`` prefilled together:
+    a run grows while its longest row pads its shortest by at most a quarter (plus 16
+    tokens), so padding stays small at the price of a forward pass per run.
 
     >>> prefill_runs([40, 42, 45, 120, 130, 350])
     [(0, 3), (3, 5), (5, 6)]
-    >>> prefill_runs([100, 101, 102, 103], pass_tokens=32)  # padding of 6 < a pass: one run
-    [(0, 4)]
     """
-    # cost[end]: the cheapest prefill of rows [0, end); start[end]: where its last run starts
-    cost, start = [0] + [0] * len(counts), [0] * (len(counts) + 1)
-    for end in range(1, len(counts) + 1):
-        cost[end], start[end] = min(
-            (cost[first] + pass_tokens + (end - first) * counts[end - 1], first)
-            for first in range(end))
     runs: list[tuple[int, int]] = []
-    end = len(counts)
-    while end:
-        runs.append((start[end], end))
-        end = start[end]
-    return runs[::-1]
+    first = 0
+    for i, count in enumerate(counts):
+        if count > 1.25 * counts[first] + 16:
+            runs.append((first, i))
+            first = i
+    runs.append((first, len(counts)))
+    return runs
 
 
 def ends_with_stop(tokenizer: Any, tokens: list[int], stop: tuple[str, ...]) -> bool:

@@ -232,32 +232,6 @@ def test_grouped_decode_gives_the_sdpa_paths_greedy_tokens(tiny_dir):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
-def test_prefill_runs_are_the_cheapest_split():
-    """``prefill_runs`` finds the split of minimal padded tokens plus a pass cost each, checked
-    against every split of small batches."""
-    import itertools
-    import random
-
-    from crl_harness.models.hf_generation import prefill_runs
-
-    def cost(counts, runs, pass_tokens):
-        return sum(pass_tokens + (end - first) * counts[end - 1] for first, end in runs)
-
-    rng = random.Random(0)
-    for _ in range(200):
-        counts = sorted(rng.randint(1, 300) for _ in range(rng.randint(1, 7)))
-        pass_tokens = rng.choice([0, 8, 32, 256])
-        runs = prefill_runs(counts, pass_tokens)
-        assert runs[0][0] == 0 and runs[-1][1] == len(counts)
-        assert all(a[1] == b[0] for a, b in zip(runs, runs[1:], strict=False))
-        best = min(
-            cost(counts, list(zip((0, *cuts), (*cuts, len(counts)), strict=True)), pass_tokens)
-            for k in range(len(counts))
-            for cuts in itertools.combinations(range(1, len(counts)), k))
-        assert cost(counts, runs, pass_tokens) == best
-    assert prefill_runs([5, 5, 5], 0) == [(0, 3)]  # equal counts never split: no padding to save
-
-
 def test_prefill_runs_and_finished_rows_keep_logprobs_exact(tiny_dir, monkeypatch):
     """A batch whose rows bring very different numbers of new tokens is prefilled in several
     runs, and rows that finish early leave the slab by a row move: sampled log-probs still equal
