@@ -13,6 +13,7 @@ Holds:
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,10 @@ def resolve_dtype(dtype: str, device: str) -> str:
     >>> resolve_dtype("auto", "cuda:0"), resolve_dtype("auto", "cpu"), resolve_dtype("float16", "cpu")
     ('bfloat16', 'float32', 'float16')
     """
+    if dtype == "bfloat16" and device == "cpu" and not cpu_computes_bf16():
+        warnings.warn("bfloat16 on this CPU is emulated (no AVX512-BF16 or AMX): slower than "
+                      "float32 (a cpu-demo step took 4x as long); set the model's dtype to "
+                      "float32 (actor.dtype, extractor.dtype, --dtype).", stacklevel=2)
     if dtype != "auto":
         return dtype
     return "bfloat16" if device.startswith("cuda") else "float32"

@@ -325,3 +325,20 @@ def test_hub_reachable_honours_hf_hub_offline(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing answers
     assert hub_reachable(timeout=1.0) is False
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_that_emulates_it_warns_and_says_what_to_set(monkeypatch, native):
+    import warnings
+
+    from crl_harness.models import hf_loading
+
+    monkeypatch.setattr(hf_loading, "cpu_computes_bf16", lambda: native)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert hf_loading.resolve_dtype("bfloat16", "cpu") == "bfloat16"
+        assert hf_loading.resolve_dtype("float32", "cpu") == "float32"
+        assert hf_loading.resolve_dtype("bfloat16", "cuda:0") == "bfloat16"
+    messages = [str(w.message) for w in caught]
+    assert messages == ([] if native else [messages[0]])
+    assert native or "emulated" in messages[0] and "float32 (actor.dtype" in messages[0]
