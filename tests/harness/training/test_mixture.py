@@ -243,7 +243,9 @@ def test_demo_of_a_mixture_warm_starts_and_prints_each_env_and_the_pooled_pairs(
         "run.steps=1", "run.tensorboard=false", "run.torch_threads=1", "tasks.groups_per_step=2",
         "tasks.group_size=2", "tasks.guided_per_group=1", "warmstart.episodes=1",
         "warmstart.extractor_samples=1", "warmstart.epochs=1", "warmstart.lora.top_layers=1",
-        "warmstart.lora.r=4", "actor.max_new_tokens=64", "extractor.max_new_tokens=192",
+        # 80: the tiny model's tokenizer writes the advice check ("I start at x=38, y=12; the
+        # advice is from x=38, y=12: mine; ...") in 74 tokens, SmolLM2's in about 50
+        "warmstart.lora.r=4", "actor.max_new_tokens=80", "extractor.max_new_tokens=192",
         "extractor.train_after=1", "actor.dtype=float32", "extractor.dtype=float32"])
     train_and_evaluate(cfg, 2, tmp_path / "demo", cache=tmp_path / "cache")
     out = capsys.readouterr().out
