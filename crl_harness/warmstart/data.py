@@ -88,9 +88,9 @@ def advice_check(entry: ExperienceEntry, observation: str) -> str | None:
     """Whether a route lesson fits the level, said the way the actor can check it: the start
     cell (and what was in view there) of the first observation, then the lesson title's, so that
     the two stand side by side before the reply decides (": mine" or ": set aside"; with the
-    advice's cell written before its own, an actor sampling at T=0.99 decided wrongly for a
-    third of its own lessons). ``None`` where the title or the observation carries no MiniHack
-    level key.
+    advice's cell written before its own, an actor sampling at T=0.99 set its own level's lesson
+    aside in 6 of 32 episodes of a probe). ``None`` where the title or the observation carries no
+    MiniHack level key.
 
     >>> entry = route_advice("CRL/MiniHackRoom-v0", "You (@) are at x=39, y=9. HP 12/12.", ["west"])
     >>> advice_check(entry, "You (@) are at x=38, y=12. HP 12/12.")
