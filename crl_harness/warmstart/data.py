@@ -326,7 +326,7 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
             plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
                                                        advice=other, **play), other,
                                    followed=False)
-            if other is not None and other.title == _own_title(plain.trajectory):
+            if other is not None and other.title == _own_lesson(plain.trajectory).title:
                 # an earlier level with this level's key: its route is no other level's
                 plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
                                                            **play))
@@ -362,10 +362,11 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     return [episode for name in ANSWER_CLASSES for episode in found[name]]
 
 
-def _own_title(trajectory: Trajectory) -> str:
-    """The title of the lesson ``route_advice`` writes for the trajectory's level."""
-    return route_advice(trajectory.env_id, trajectory.turns[0].observation, [],
-                        task=trajectory.task, key=trajectory.retrieval_key).title
+def _own_lesson(trajectory: Trajectory) -> ExperienceEntry:
+    """The lesson ``route_advice`` writes for the trajectory's level: its moves as played."""
+    return route_advice(trajectory.env_id, trajectory.turns[0].observation,
+                        [t.action or "" for t in trajectory.turns], task=trajectory.task,
+                        key=trajectory.retrieval_key)
 
 
 def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
@@ -384,9 +385,7 @@ def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
     ops: list[dict[str, Any]]
     if kind == "add":
         # The moves as played: a lesson the extractor can copy from the transcript it reads.
-        lesson = route_advice(traj.env_id, traj.turns[0].observation,
-                              [t.action or "" for t in traj.turns], task=traj.task,
-                              key=traj.retrieval_key)
+        lesson = _own_lesson(traj)
         ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
     elif kind == "return":
         ops = [{"op": "return"}]
