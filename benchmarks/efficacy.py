@@ -23,7 +23,8 @@ training-task success per step with the rollouts of the repeats pooled (95% Wils
 markdown table (final-step success, mean over steps, guided vs free subgroups) and writes
 ``efficacy.png`` and ``efficacy.json`` into ``--out``. Run seeds are ``--seed``, ``--seed + 1``,
 ...: the arms of one repeat see the same task seeds (the task sampler depends only on the run
-seed and the step)."""
+seed and the step). ``--reuse`` reads the runs that ``--out`` already holds, finished with this
+invocation's config, instead of training them again (a second seed after a first)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,44 @@ def run_arm(levels: int, quality_episodes: int, *run: object) -> None:
     (run_dir / "heldout.json").write_text(json.dumps(
         {"actor": str(actor), "outcomes": outcomes["held-out"]}, indent=2))
     print(f"  {cfg.arm} seed {cfg.run.seed}: {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def finished_run(cfg, parser: argparse.ArgumentParser) -> bool:
+    """Whether ``cfg``'s run folder holds a finished run (``heldout.json``) of this very config
+    (``--reuse``); a finished run of another config there is a usage error that names the first
+    setting that differs."""
+    from crl_harness.config import config_to_dict
+
+    run_dir = Path(cfg.run.output_dir)
+    if not (run_dir / "heldout.json").is_file():
+        return False
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        parser.error(f"--reuse: {run_dir} has heldout.json but no readable config.json ({err}); "
+                     "move the folder away to train it again")
+    wanted = config_to_dict(cfg)
+    if saved != wanted:
+        key = _first_difference(saved, wanted)
+        parser.error(f"--reuse: {run_dir} holds a run of another config ({key}: "
+                     f"{_at(saved, key)!r} there, {_at(wanted, key)!r} now); use another --out, "
+                     "or the settings of that run")
+    return True
+
+
+def _first_difference(a: object, b: object, prefix: str = "") -> str:
+    """The dotted key of the first value where ``a`` and ``b`` (nested dicts) differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return _first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
+    return prefix.rstrip(".") or "(the whole config)"
+
+
+def _at(tree: object, key: str) -> object:
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
 
 
 def train_all(runs: list[tuple[str, int]], args: argparse.Namespace, out: Path,
@@ -261,7 +300,8 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
                         help="config overrides for every arm")
     parser.add_argument("--out", default=None,
-                        help="a new output folder (default runs/efficacy-TIMESTAMP)")
+                        help="the output folder (default a new runs/efficacy-TIMESTAMP; "
+                             "with --reuse one that holds earlier runs)")
     parser.add_argument("--eval-levels", type=int, default=128,
                         help="held-out levels each run's final actor and the warm start play, "
                              "one greedy episode each (default 128: about 90%% power for +15 "
@@ -270,6 +310,10 @@ def main() -> None:
                         help="oracle episodes of held-out levels (2 won : 1 lost) on which the "
                              "warm extractor and each co-evolve run's final one write lessons "
                              "(extractor_quality.py's measure; default 48, 0 skips it)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read the runs --out already holds instead of training them again "
+                             "(a run folder with heldout.json and this invocation's config): "
+                             "e.g. --repeats 2 after a --repeats 1 trains the second seed only")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs trained at once, each in its own process (default 1: a "
                              "cpu-demo run peaks at 13-16 GB)")
@@ -305,7 +349,11 @@ def main() -> None:
         parser.error(f"--out {out}: cannot create this folder ({err.strerror or err}); pick "
                      "another")
     started = time.perf_counter()
-    train_all(runs, args, out, overrides)
+    done = [(arm, seed) for arm, seed in runs if args.reuse and finished_run(
+        run_config(args.config, arm, args.actor, seed, args.steps, out, overrides), parser)]
+    if done:
+        print("reused: " + ", ".join(f"{arm} seed {seed}" for arm, seed in done), flush=True)
+    train_all([run for run in runs if run not in done], args, out, overrides)
     from crl_harness.training.metrics import read_metrics
 
     results = {arm: [read_metrics(out / f"{a}-seed{seed}" / "metrics.jsonl")

@@ -111,3 +111,45 @@ def test_efficacy_runs_cpu_demo_in_float32_where_the_cpu_emulates_bf16(monkeypat
     forced = efficacy.run_config("cpu-demo", "none", None, 0, 1, tmp_path,
                                  ["actor.dtype=bfloat16"])
     assert forced.actor.dtype == "bfloat16"
+
+
+def test_hardening_efficacy_reuse_reads_a_finished_run_of_the_same_config_only(monkeypatch,
+                                                                              tmp_path, capsys):
+    """``--reuse``: a run folder with heldout.json and this config is read, not trained again;
+    without heldout.json it is trained; a finished run of another config is a usage error that
+    names the setting, never silently pooled."""
+    import argparse
+    import json
+
+    from crl_harness.config import config_to_dict
+
+    monkeypatch.syspath_prepend(str(EFFICACY.parent))
+    import efficacy
+
+    parser = argparse.ArgumentParser(prog="efficacy.py")
+    cfg = efficacy.run_config("cpu-demo", "none", None, 0, 6, tmp_path, [])
+    run_dir = Path(cfg.run.output_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg)))
+    assert not efficacy.finished_run(cfg, parser)  # trained, not finished: no heldout.json
+    (run_dir / "heldout.json").write_text(json.dumps({"outcomes": {}}))
+    assert efficacy.finished_run(cfg, parser)
+    other = efficacy.run_config("cpu-demo", "none", None, 0, 4, tmp_path, [])
+    with pytest.raises(SystemExit):
+        efficacy.finished_run(other, parser)
+    assert "holds a run of another config (run.steps: 6 there, 4 now)" in capsys.readouterr().err
+    (run_dir / "config.json").write_text("{not json")
+    with pytest.raises(SystemExit):
+        efficacy.finished_run(cfg, parser)
+    assert "no readable config.json" in capsys.readouterr().err
+
+
+def test_efficacy_reuse_names_the_first_setting_that_differs(monkeypatch):
+    monkeypatch.syspath_prepend(str(EFFICACY.parent))
+    import efficacy
+
+    saved = {"run": {"steps": 6, "seed": 0}, "arm": "none"}
+    assert efficacy._first_difference(saved, {"run": {"steps": 4, "seed": 0}, "arm": "none"}) \
+        == "run.steps"
+    assert efficacy._at(saved, "run.steps") == 6
+    assert efficacy._first_difference(saved, saved) == "(the whole config)"
