@@ -153,3 +153,43 @@ def test_efficacy_reuse_names_the_first_setting_that_differs(monkeypatch):
         == "run.steps"
     assert efficacy._at(saved, "run.steps") == 6
     assert efficacy._first_difference(saved, saved) == "(the whole config)"
+
+
+def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path):
+    """A lesson that reaches the stairs of training level 0 wins, one that walks away loses, a
+    lesson in words is counted apart, and levels without a lesson are named (real MiniHack)."""
+    import json
+
+    from crl_harness.config import config_to_dict, load_config
+    from crl_harness.experience.bank import ExperienceBank
+
+    (tmp_path / "config.json").write_text(json.dumps(config_to_dict(load_config("cpu-demo"))))
+    script = EFFICACY.parent / "bank_replay.py"
+    sys.path.insert(0, str(script.parent))
+    try:
+        import bank_replay
+    finally:
+        sys.path.remove(str(script.parent))
+    cfg = load_config(str(tmp_path / "config.json"), [])
+    keys = bank_replay.level_keys(cfg)
+    room = cfg.tasks.envs[0].id
+    with ExperienceBank(tmp_path / "bank.sqlite") as bank:
+        for moves in ("south", "south", "north, north"):  # level 0: the stairs 1 south
+            bank.add(room, f"Winning moves from {keys[0]}", f"from the start, play {moves}.")
+        bank.add(room, "Walls", "Avoid the walls.")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "4 entries of CRL/MiniHackRoom-v0, 1 not a route lesson" in done.stdout
+    assert "  wins   x2   votes 0   south" in done.stdout
+    assert "  loses  x1   votes 0   north, north" in done.stdout
+    assert "route lessons: 2/3 entries win when played (1/2 distinct); levels with a lesson of " \
+           "their own: 1/4" in done.stdout
+    assert "none of its own" in done.stdout
+
+
+def test_hardening_bank_replay_wants_a_run_folder(tmp_path):
+    done = subprocess.run([sys.executable, str(EFFICACY.parent / "bank_replay.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "config.json is missing: give the folder of a training run" \
+        in done.stderr
