@@ -193,3 +193,19 @@ def test_hardening_bank_replay_wants_a_run_folder(tmp_path):
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "config.json is missing: give the folder of a training run" \
         in done.stderr
+
+
+def test_gemm_rate_prints_every_shape_in_both_dtypes():
+    done = subprocess.run([sys.executable, str(EFFICACY.parent / "gemm_rate.py"), "--threads",
+                           "1", "--repeats", "1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()
+            if line.startswith(("prefill ", "decode "))]
+    assert len(rows) == 4 and all(float(r[-1]) > 0 and float(r[-2]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("flags", [["--repeats", "0"], ["--threads", "-1"]])
+def test_hardening_gemm_rate_flags(flags):
+    done = subprocess.run([sys.executable, str(EFFICACY.parent / "gemm_rate.py"), *flags],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--repeats must be in 1..1000 and --threads >= 0" in done.stderr
