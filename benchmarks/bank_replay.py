@@ -21,9 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROUTE_TITLE = "Winning moves from "
-ROUTE_CONTENT = "from the start, play "
-
 
 @dataclass
 class LessonReplay:
@@ -37,77 +34,49 @@ class LessonReplay:
     won: bool
 
 
-def level_keys(cfg: Any) -> dict[int, str | None]:
-    """Each training level's retrieval key (its first env's; ``None`` where it gives none)."""
-    import gymnasium as gym
-
-    import crl_envs  # noqa: F401  (registers the ids)
-
-    entry = cfg.tasks.envs[0]
-    env = gym.make(entry.id, **entry.kwargs)
-    try:
-        return {seed: env.reset(seed=seed)[1].get("retrieval_query")
-                for seed in cfg.tasks.training_seeds()}
-    finally:
-        env.close()
-
-
-def route_moves(content: str) -> list[str] | None:
-    """The moves of a route lesson's content, ``None`` for any other entry.
-
-    >>> route_moves("from the start, play east, south.")
-    ['east', 'south']
-    >>> route_moves("Avoid the walls.") is None
-    True
-    """
-    if not content.startswith(ROUTE_CONTENT):
-        return None
-    moves = [m.strip() for m in content.removeprefix(ROUTE_CONTENT).rstrip(".").split(",")]
-    return moves if all(moves) else None
-
-
-def play_route(cfg: Any, seed: int, moves: list[str]) -> bool:
+def play_route(env: Any, seed: int, moves: list[str]) -> bool:
     """Whether ``moves`` from the reset of level ``seed`` reach a win."""
-    import gymnasium as gym
-
-    entry = cfg.tasks.envs[0]
-    env = gym.make(entry.id, **entry.kwargs)
-    try:
-        env.reset(seed=seed)
-        for move in moves:
-            _, _, terminated, truncated, info = env.step(move)
-            if terminated or truncated:
-                return bool(info.get("won"))
-        return False
-    finally:
-        env.close()
+    env.reset(seed=seed)
+    for move in moves:
+        _, _, terminated, truncated, info = env.step(move)
+        if terminated or truncated:
+            return bool(info.get("won"))
+    return False
 
 
 def replay_bank(cfg: Any, entries: list[Any]) -> tuple[list[LessonReplay], dict[int, str | None],
                                                          int]:
-    """The replays of ``entries``' route lessons on the training levels their titles name, the
-    levels' keys, and how many entries are not route lessons of a training level."""
-    keys = level_keys(cfg)
-    seeds_of: dict[str, list[int]] = {}
-    for seed, key in keys.items():
-        if key:
-            seeds_of.setdefault(key, []).append(seed)
-    lessons: Counter[tuple[str, tuple[str, ...]]] = Counter()
-    votes: Counter[tuple[str, tuple[str, ...]]] = Counter()
-    other = 0
-    for entry in entries:
-        moves = route_moves(entry.content)
-        key = entry.title.removeprefix(ROUTE_TITLE)
-        if moves is None or not entry.title.startswith(ROUTE_TITLE) or key not in seeds_of:
-            other += 1
-            continue
-        lessons[key, tuple(moves)] += 1
-        votes[key, tuple(moves)] += entry.votes
-    replays = [LessonReplay(seed, key, list(moves), copies, votes[key, moves],
-                            play_route(cfg, seed, list(moves)))
-               for (key, moves), copies in sorted(lessons.items())
-               for seed in seeds_of[key]]
-    return replays, keys, other
+    """The replays of ``entries``' route lessons on the training levels their titles name (one
+    env of the config's first entry, reset per level), each training level's retrieval key
+    (``None`` where the env gives none), and how many entries are not route lessons of a
+    training level."""
+    import gymnasium as gym
+
+    import crl_envs  # noqa: F401  (registers the ids)
+    from crl_harness.warmstart.data import route_of
+
+    env_entry = cfg.tasks.envs[0]
+    env = gym.make(env_entry.id, **env_entry.kwargs)
+    try:
+        keys = {seed: env.reset(seed=seed)[1].get("retrieval_query")
+                for seed in cfg.tasks.training_seeds()}
+        seeds_of: dict[str, list[int]] = {}
+        for seed, key in keys.items():
+            if key:
+                seeds_of.setdefault(key, []).append(seed)
+        copies: Counter[tuple[str, tuple[str, ...]]] = Counter()
+        votes: Counter[tuple[str, tuple[str, ...]]] = Counter()
+        for entry in entries:
+            route = route_of(entry)
+            if route is not None and route[0] in seeds_of:
+                copies[route[0], tuple(route[1])] += 1
+                votes[route[0], tuple(route[1])] += entry.votes
+        replays = [LessonReplay(seed, key, list(moves), n, votes[key, moves],
+                                play_route(env, seed, list(moves)))
+                   for (key, moves), n in sorted(copies.items()) for seed in seeds_of[key]]
+    finally:
+        env.close()
+    return replays, keys, len(entries) - sum(copies.values())
 
 
 def main() -> None:

@@ -155,7 +155,7 @@ def test_efficacy_reuse_names_the_first_setting_that_differs(monkeypatch):
     assert efficacy._first_difference(saved, saved) == "(the whole config)"
 
 
-def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path):
+def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path, monkeypatch):
     """A lesson that reaches the stairs of training level 0 wins, one that walks away loses, a
     lesson in words is counted apart, and levels without a lesson are named (real MiniHack)."""
     import json
@@ -165,13 +165,11 @@ def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps(config_to_dict(load_config("cpu-demo"))))
     script = EFFICACY.parent / "bank_replay.py"
-    sys.path.insert(0, str(script.parent))
-    try:
-        import bank_replay
-    finally:
-        sys.path.remove(str(script.parent))
+    monkeypatch.syspath_prepend(str(script.parent))
+    import bank_replay
+
     cfg = load_config(str(tmp_path / "config.json"), [])
-    keys = bank_replay.level_keys(cfg)
+    _, keys, _ = bank_replay.replay_bank(cfg, [])
     room = cfg.tasks.envs[0].id
     with ExperienceBank(tmp_path / "bank.sqlite") as bank:
         for moves in ("south", "south", "north, north"):  # level 0: the stairs 1 south

@@ -30,7 +30,7 @@ from crl_harness.warmstart.reasons import REASONS, random_reason
 
 __all__ = ["AdvisedEpisode", "route_advice", "advice_check", "winning_route", "earlier_route",
            "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_class",
-           "class_quotas", "extractor_episodes", "extractor_sample", "reply_ids"]
+           "class_quotas", "extractor_episodes", "extractor_sample", "reply_ids", "route_of"]
 
 EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
 STRAY_NOISE = 1.0
@@ -78,10 +78,26 @@ def route_advice(env_id: str, start_observation: str, moves: list[str],
     key = key or level_key(start_observation)
     title = (f"{_ROUTE_TITLE}{key}" if key
              else f"Winning moves for: {task}" if task else "Winning moves of this level")
-    return ExperienceEntry(entry_id, env_id, title, f"from the start, play {', '.join(moves)}.")
+    return ExperienceEntry(entry_id, env_id, title, f"{_ROUTE_CONTENT}{', '.join(moves)}.")
 
 
 _ROUTE_TITLE = "Winning moves from "
+_ROUTE_CONTENT = "from the start, play "
+
+
+def route_of(entry: ExperienceEntry) -> tuple[str, list[str]] | None:
+    """The level key and the moves of a keyed lesson ``route_advice`` writes (its inverse);
+    ``None`` for any other entry (a lesson in words, a title without a key).
+
+    >>> route_of(route_advice("CRL/MiniHackRoom-v0", "You (@) are at x=39, y=9.", ["west", "south"]))
+    ('x=39, y=9; in view: nothing notable', ['west', 'south'])
+    >>> route_of(ExperienceEntry("e", "CRL/MiniHackRoom-v0", "Walls", "Avoid the walls.")) is None
+    True
+    """
+    if not entry.title.startswith(_ROUTE_TITLE) or not entry.content.startswith(_ROUTE_CONTENT):
+        return None
+    moves = [m.strip() for m in entry.content.removeprefix(_ROUTE_CONTENT).rstrip(".").split(",")]
+    return (entry.title.removeprefix(_ROUTE_TITLE), moves) if all(moves) else None
 
 
 def advice_check(entry: ExperienceEntry, observation: str) -> str | None:
