@@ -89,15 +89,16 @@ def main() -> None:
         if not needed.is_file():
             parser.error(f"{needed} is missing: give the folder of a training run")
 
+    from crl_envs.errors import UserFacingError
     from crl_harness.config import ConfigError, load_config
     from crl_harness.experience.bank import ExperienceBank
 
-    try:
+    try:  # a config that is not one, a file that is no bank: one line, no traceback
         cfg = load_config(str(config), [])
-    except ConfigError as err:
-        parser.error(f"{config}: {err}")
-    with ExperienceBank(bank_file, read_only=True) as bank:
-        entries = bank.entries(cfg.tasks.envs[0].id)
+        with ExperienceBank(bank_file, read_only=True) as bank:
+            entries = bank.entries(cfg.tasks.envs[0].id)
+    except (ConfigError, UserFacingError) as err:
+        parser.error(str(err))
     replays, keys, other = replay_bank(cfg, entries)
     print(f"{args.run_dir}: {len(entries)} entries of {cfg.tasks.envs[0].id}, {other} not a "
           f"route lesson of a training level")

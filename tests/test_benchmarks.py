@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -187,10 +188,24 @@ def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path, monkeypatch)
 
 
 def test_hardening_bank_replay_wants_a_run_folder(tmp_path):
-    done = subprocess.run([sys.executable, str(EFFICACY.parent / "bank_replay.py"),
-                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    def replay() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(EFFICACY.parent / "bank_replay.py"),
+                               str(tmp_path)], capture_output=True, text=True, timeout=120)
+
+    done = replay()
     assert done.returncode == 2 and "config.json is missing: give the folder of a training run" \
         in done.stderr
+    (tmp_path / "config.json").write_text("{not json")
+    (tmp_path / "bank.sqlite").write_text("not a database")
+    done = replay()
+    assert done.returncode == 2 and "not valid YAML" in done.stderr
+    assert "Traceback" not in done.stderr
+    from crl_harness.config import config_to_dict, load_config
+
+    (tmp_path / "config.json").write_text(json.dumps(config_to_dict(load_config("cpu-demo"))))
+    done = replay()
+    assert done.returncode == 2 and "is not an experience bank" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_gemm_rate_prints_every_shape_in_both_dtypes():
