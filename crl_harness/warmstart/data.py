@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from crl_envs.minihack.oracle import moves_along, parse_observation, shortest_walk
@@ -38,6 +38,7 @@ STRAY_NOISE = 1.0
 recovered from ``noise`` (WebShop's and ALFWorld's do: a random click or step rarely hurts)"""
 _PLACEHOLDER = re.compile(r"\[<\w+>\]$")  # WebShop's "search[<query>]": a form, not an action
 FOREIGN_SHARE = 1 / 2  # of the advised episodes: shown another level's route, taught to set it aside
+MISLED_SHARE = 1 / 3  # of the extractor's return samples: misled by another level's route
 ANSWER_CLASSES = ("add", "return", "upvote", "downvote")
 """what ``extractor_sample`` answers, in the order a count not divisible by four fills them"""
 
@@ -78,7 +79,11 @@ def route_advice(env_id: str, start_observation: str, moves: list[str],
     key = key or level_key(start_observation)
     title = (f"{_ROUTE_TITLE}{key}" if key
              else f"Winning moves for: {task}" if task else "Winning moves of this level")
-    return ExperienceEntry(entry_id, env_id, title, f"{_ROUTE_CONTENT}{', '.join(moves)}.")
+    return ExperienceEntry(entry_id, env_id, title, _route_content(moves))
+
+
+def _route_content(moves: list[str]) -> str:
+    return f"{_ROUTE_CONTENT}{', '.join(moves)}."
 
 
 _ROUTE_TITLE = "Winning moves from "
@@ -284,11 +289,15 @@ def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fr
 def answer_class(episode: AdvisedEpisode) -> str:
     """The operation ``extractor_sample`` answers ``episode`` with: a won episode upvotes the
     entry it followed (``upvote``) or adds its own route (``add``); a lost one downvotes the entry
-    it followed (``downvote``) or changes nothing (``return``). An entry set aside counts as none."""
+    it followed if the entry is its own level's (``downvote``: the lesson is wrong), and otherwise
+    changes nothing (``return``): another level's route that misled the episode is right for its
+    own level (a downvote deletes an entry with no votes, and levels whose keys look alike would
+    delete each other's lessons). An entry set aside counts as none."""
     followed = episode.advice is not None and episode.followed
     if episode.trajectory.won:
         return "upvote" if followed else "add"
-    return "downvote" if followed else "return"
+    own = followed and episode.advice.title == _own_lesson(episode.trajectory).title
+    return "downvote" if own else "return"
 
 
 def class_quotas(count: int) -> dict[str, int]:
@@ -311,14 +320,18 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
       ``Level``): the answer is the episode's own, as without it (without such samples a warm
       extractor upvoted another level's route that a won episode had set aside, and the level
       never got a lesson of its own);
+    - ``return``, ``MISLED_SHARE`` of them: an episode that followed another level's route
+      (retrieval brought it; the actor took it for its own), then played on with ``noise``, and
+      lost: the route is not at fault (taught ``downvote``, a warm extractor deleted the lessons
+      of levels whose first views look alike, each misleading the other's episodes);
     - ``upvote``: an episode that followed its own level's route (an earlier, unhurried attempt's,
       as ``actor_episodes`` advises) and won;
-    - ``downvote``: an episode that followed another level's route (an entry retrieval brought
-      for a level it does not fit), then played on with ``noise``, and lost.
+    - ``downvote``: an episode that followed a wrong lesson of its own level (its title, another
+      level's moves: a lesson written from the wrong moves), then played on, and lost.
 
     Where the oracle recovers from ``noise`` (a random WebShop click or ALFWorld step rarely
     costs the episode), a lost class that is still wanted gets one more episode of the level,
-    played on at ``STRAY_NOISE`` (after the route, for ``downvote``): an agent that wanders and
+    played on at ``STRAY_NOISE`` (after the route, for a followed one): an agent that wanders and
     loses, the case the answer is for. With ``noise`` 0 none wanders: the oracle's episodes
     alone.
 
@@ -326,14 +339,28 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     drawn from the actor's episodes, most of them won with an entry, taught ``upvote`` to
     everything). Returns fewer of a class when ``seeds`` run out first (the caller checks)."""
     quotas = class_quotas(count)
-    found: dict[str, list[AdvisedEpisode]] = {name: [] for name in ANSWER_CLASSES}
+    misled_quota = int(quotas["return"] * MISLED_SHARE)
+    # "misled" is a share of the return class, filled apart so that plain losses cannot crowd it
+    slots = {**quotas, "return": quotas["return"] - misled_quota, "misled": misled_quota}
+    found: dict[str, list[AdvisedEpisode]] = {name: [] for name in slots}
 
     def wants(name: str) -> bool:
-        return len(found[name]) < quotas[name]
+        return len(found[name]) < slots[name]
+
+    def lost_following(seed: int, advice: ExperienceEntry, moves: list[str],
+                       slot: str) -> None:
+        """Play ``seed`` following ``advice`` (its ``moves``) until an episode loses."""
+        for level_noise in (noise, STRAY_NOISE) if 0 < noise < STRAY_NOISE else (noise,):
+            episode = AdvisedEpisode(play_oracle_episode(
+                env_id, seed, noise=level_noise, rng=rng, advice=advice, route=moves, **play),
+                advice)
+            if not episode.trajectory.won:
+                found[slot].append(episode)
+                return
 
     routes: list[tuple[ExperienceEntry, list[str]]] = []  # earlier levels' winning routes
     for seed in seeds:
-        if not any(wants(name) for name in ANSWER_CLASSES):
+        if not any(wants(name) for name in slots):
             break
         if wants("add") or wants("return"):
             # FOREIGN_SHARE of them are shown another level's route (retrieval can bring one),
@@ -353,7 +380,7 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
                                                            rng=rng, **play))
                 if answer_class(stray) == "return":
                     found["return"].append(stray)
-        if not (wants("upvote") or wants("downvote")):
+        if not (wants("upvote") or wants("downvote") or wants("misled")):
             continue
         earlier = earlier_route(env_id, seed, **play)
         if earlier is None:
@@ -366,16 +393,16 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
                                                      route=route, **play), entry)
             if answer_class(own) == "upvote":
                 found["upvote"].append(own)
-        if wants("downvote") and foreign:
-            other, moves = rng.choice(foreign)
-            for level_noise in (noise, STRAY_NOISE) if 0 < noise < STRAY_NOISE else (noise,):
-                misled = AdvisedEpisode(play_oracle_episode(
-                    env_id, seed, noise=level_noise, rng=rng, advice=other, route=moves, **play),
-                    other)
-                if answer_class(misled) == "downvote":
-                    found["downvote"].append(misled)
-                    break
-    return [episode for name in ANSWER_CLASSES for episode in found[name]]
+        if not foreign:
+            continue
+        other, moves = rng.choice(foreign)
+        if wants("downvote") and moves != route:
+            wrong = replace(entry, id=f"wrong-{seed}", content=_route_content(moves))
+            lost_following(seed, wrong, moves, "downvote")
+        if wants("misled"):
+            lost_following(seed, other, moves, "misled")
+    return [episode for name in ("add", "return", "misled", "upvote", "downvote")
+            for episode in found[name]]
 
 
 def _own_lesson(trajectory: Trajectory) -> ExperienceEntry:
