@@ -14,8 +14,8 @@ from the shipped warm start; ``--set key=value`` overrides every arm), reads its
 against the warm start (levels x seeds pooled), every pair of arms paired the same way, and guided
 against free inside the same groups of training (paired slot by slot), each with its 95%
 interval and McNemar's exact p; and the extractor's own quality at the start and the end of
-the runs (``--extractor-quality`` oracle episodes of held-out levels, ``extractor_quality.py``'s
-measure: the warm extractor, and each co-evolve run's final one). Runs train ``--jobs`` at a time (default 1), each in a process of its own
+the runs (``--extractor-quality`` episodes of held-out levels over the cases the warm start teaches,
+``extractor_quality.py``'s measure: the warm extractor, and each co-evolve run's final one). Runs train ``--jobs`` at a time (default 1), each in a process of its own
 with its share of the cores as ``run.torch_threads``: a cpu-demo run peaks at 13 GB (HF rollouts)
 to 16 GB (vLLM), so two at once ran a 24 GB machine out of memory; on 2 cores a pair of runs
 took 1.7x one run alone where they fit. It prints the
@@ -61,17 +61,15 @@ def heldout_seeds(cfg, levels: int) -> list[int]:
 
 
 def extractor_quality(cfg, extractor: str, episodes: int, out: Path) -> None:
-    """``benchmarks/extractor_quality.py``'s measure of ``extractor`` on ``episodes`` oracle
-    episodes of held-out levels (two won to one lost; the same ones for every extractor), into
-    ``out/extractor_quality.json``."""
+    """``benchmarks/extractor_quality.py``'s measure of ``extractor`` on ``episodes`` episodes
+    of held-out levels, shared over the cases the warm start teaches (the same ones for every
+    extractor), into ``out/extractor_quality.json``."""
     from extractor_quality import measure  # a sibling: this script's folder is on sys.path
 
-    won = episodes - episodes // 3
-    results = measure(cfg, extractor, cfg.extractor.dtype, won, episodes - won, samples=1)
+    results = measure(cfg, extractor, cfg.extractor.dtype, episodes, samples=1)
     out.mkdir(parents=True, exist_ok=True)
     (out / "extractor_quality.json").write_text(json.dumps(
-        {"extractor": extractor, "won": won, "lost": episodes - won, "results": results},
-        indent=2))
+        {"extractor": extractor, "episodes": episodes, "results": results}, indent=2))
 
 
 def run_arm(levels: int, quality_episodes: int, *run: object) -> None:
@@ -249,9 +247,11 @@ def quality_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: P
                    overrides: list[str]) -> dict:
     """Print and return the extractor's quality at the start of the runs (the warm extractor,
     measured here) and at their end (each co-evolve run's, measured after it trained; a static
-    run's extractor is the warm one throughout): greedy, the won episodes' exact lessons, the
-    lost ones' ``return`` and the malformed answers, and the malformed at the sampling
-    temperature, each with its 95% Wilson interval."""
+    run's extractor is the warm one throughout): greedy, the taught answer per case (an exact
+    lesson of a won episode, ``return`` for a lost one, for one misled by another level's
+    route, an upvote of the level's lesson that won, a downvote of its wrong one that lost) and
+    the malformed answers, and the malformed at the sampling temperature, each with its 95%
+    Wilson interval."""
     from crl_harness.eval import format_rate
 
     cfg = run_config(args.config, "co-evolve", args.actor, args.seed, args.steps, out, overrides)
@@ -260,9 +260,9 @@ def quality_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: P
     measured = {"warm start": out / "warm-start"}
     measured.update({f"co-evolve seed {seed}": out / f"{arm}-seed{seed}" for arm, seed in runs
                      if arm == "co-evolve"})
-    print(f"\nthe extractor's lessons on {args.extractor_quality} oracle episodes of held-out "
-          "levels (the same for each): exact lesson of a won one, return for a lost one, "
-          "malformed; greedy, and malformed at the sampling temperature")
+    print(f"\nthe extractor's answers on {args.extractor_quality} episodes of held-out levels "
+          "(the same for each), right per taught case, and malformed; greedy, and malformed at "
+          "the sampling temperature")
     report = {}
     for name, folder in measured.items():
         results = json.loads((folder / "extractor_quality.json").read_text())["results"]
@@ -273,9 +273,9 @@ def quality_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: P
         sampled_malformed = sum(c["malformed"] for c in sampled.values())
         sampled_n = sum(sum(c.values()) for c in sampled.values())
         report[name] = results
-        print(f"  {name}: won, exact {format_rate(greedy['won']['right'], sum(greedy['won'].values()))}"
-              f"; lost, return {format_rate(greedy['lost']['right'], sum(greedy['lost'].values()))}"
-              f"; malformed {format_rate(malformed, n)}; sampled, malformed "
+        cases = "; ".join(f"{case} {format_rate(row['right'], sum(row.values()))}"
+                          for case, row in greedy.items() if sum(row.values()))
+        print(f"  {name}: {cases}; malformed {format_rate(malformed, n)}; sampled, malformed "
               f"{format_rate(sampled_malformed, sampled_n)}")
     if "static" in args.arms:
         print("  static: the warm start's extractor throughout (never trained)")
@@ -307,9 +307,10 @@ def main() -> None:
                              "one greedy episode each (default 128: about 90%% power for +15 "
                              "points, paired)")
     parser.add_argument("--extractor-quality", type=int, default=48, metavar="EPISODES",
-                        help="oracle episodes of held-out levels (2 won : 1 lost) on which the "
-                             "warm extractor and each co-evolve run's final one write lessons "
-                             "(extractor_quality.py's measure; default 48, 0 skips it)")
+                        help="episodes of held-out levels, shared over the cases the warm "
+                             "start teaches, on which the warm extractor and each co-evolve "
+                             "run's final one answer (extractor_quality.py's measure; default "
+                             "48, 0 skips it)")
     parser.add_argument("--reuse", action="store_true",
                         help="read the runs --out already holds instead of training them again "
                              "(a run folder with heldout.json and this invocation's config): "

@@ -36,7 +36,8 @@ QUALITY = Path(__file__).resolve().parents[1] / "benchmarks" / "extractor_qualit
     (WARM, ["--levels", "10001"], "--levels must be in 1..10000"),
     (WARM, ["--config", "no-such-config"], "no-such-config"),
     (QUALITY, ["--dtype", "int8"], "invalid choice: 'int8'"),
-    (QUALITY, ["--won", "0"], "--won must be in 1..200"),
+    (QUALITY, ["--episodes", "3"], "--episodes must be in 4..300"),
+    (QUALITY, ["--episodes", "301"], "--episodes must be in 4..300"),
 ])
 def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, script, flags,
                                                                  message):
@@ -222,3 +223,35 @@ def test_hardening_gemm_rate_flags(flags):
     done = subprocess.run([sys.executable, str(EFFICACY.parent / "gemm_rate.py"), *flags],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--repeats must be in 1..1000 and --threads >= 0" in done.stderr
+
+
+def test_extractor_quality_counts_each_taught_case_right_other_or_malformed(tmp_path):
+    """The measure's verdicts on real held-out MiniHack episodes of every taught case: the
+    taught answer is right, a vote where a return is taught is other, a broken answer is
+    malformed (so a downvote of another level's route that misled an episode counts against
+    the extractor)."""
+    import importlib.util
+
+    from crl_harness.config import load_config
+    from crl_harness.models import HFBackend
+    from crl_harness.models.tiny import build_tiny_model
+    from crl_harness.warmstart.data import taught_answer
+
+    spec = importlib.util.spec_from_file_location("extractor_quality", QUALITY)
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+    backend = HFBackend(build_tiny_model(tmp_path / "tiny", hidden_size=64))
+    cfg = load_config("cpu-demo", ["actor.max_new_tokens=80"])
+    episodes = quality.heldout_episodes(cfg, backend, 12)
+    cases = [quality.case_of(e) for e in episodes]
+    assert {case: cases.count(case) for case in quality.CASES} == {
+        "add": 3, "return": 2, "return, misled": 1, "upvote": 3, "downvote": 3}
+    for episode, case in zip(episodes, cases, strict=True):
+        prompt, ops = quality.taught(episode, cfg)
+        shown = int(episode.advice is not None)
+        assert ("[0] " in prompt) == bool(shown)
+        assert quality.verdict(taught_answer(episode), shown, ops) == "right"
+        assert quality.verdict("<answer>[{\"op\": \"add\"", shown, ops) == "malformed"
+        if case == "return, misled":  # another level's route, followed and lost: not its fault
+            wrong = '<answer>[{"op": "downvote", "target_idx": 0}]</answer>'
+            assert quality.verdict(wrong, shown, ops) == "other"

@@ -7,8 +7,9 @@ earlier attempt at this level"), ``winning_route`` (the shortest route an earlie
 observations show), ``earlier_route`` (that attempt and its entry), ``actor_episodes`` (the mix
 of plain, noisy and advised episodes),
 ``extractor_episodes`` (episodes for the extractor, as many of each answer class as of the
-others), ``answer_class`` and ``extractor_sample`` (the Experience Manager's distillation
-prompt for an episode with an operations answer built from its transcript).
+others), ``answer_class``, ``taught_answer`` (the operations answer built from an episode's
+transcript) and ``extractor_sample`` (the Experience Manager's distillation prompt for an
+episode with that answer).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from crl_harness.warmstart.reasons import REASONS, random_reason
 
 __all__ = ["AdvisedEpisode", "route_advice", "advice_check", "winning_route", "earlier_route",
            "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_class",
-           "class_quotas", "extractor_episodes", "extractor_sample", "reply_ids", "route_of"]
+           "class_quotas", "extractor_episodes", "extractor_sample", "reply_ids", "route_of",
+           "taught_answer"]
 
 EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
 STRAY_NOISE = 1.0
@@ -105,13 +107,15 @@ def route_of(entry: ExperienceEntry) -> tuple[str, list[str]] | None:
     return (entry.title.removeprefix(_ROUTE_TITLE), moves) if all(moves) else None
 
 
-def advice_check(entry: ExperienceEntry, observation: str) -> str | None:
+def advice_check(entry: ExperienceEntry, observation: str, *, who: str = "I start",
+                 lesson: str = "the advice") -> str | None:
     """Whether a route lesson fits the level, said the way the actor can check it: the start
     cell (and what was in view there) of the first observation, then the lesson title's, so that
     the two stand side by side before the reply decides (": mine" or ": set aside"; with the
     advice's cell written before its own, an actor sampling at T=0.99 set its own level's lesson
-    aside in 6 of 32 episodes of a probe). ``None`` where the title or the observation carries no
-    MiniHack level key.
+    aside in 6 of 32 episodes of a probe). ``who`` and ``lesson`` name the two (the extractor
+    says it of an episode). ``None`` where the title or the observation carries no MiniHack
+    level key.
 
     >>> entry = route_advice("CRL/MiniHackRoom-v0", "You (@) are at x=39, y=9. HP 12/12.", ["west"])
     >>> advice_check(entry, "You (@) are at x=38, y=12. HP 12/12.")
@@ -124,8 +128,8 @@ def advice_check(entry: ExperienceEntry, observation: str) -> str | None:
     my_cell, _, my_view = mine.partition("; in view: ")
     their_cell, _, their_view = theirs.partition("; in view: ")
     if their_cell != my_cell or theirs == mine:
-        return f"I start at {my_cell}; the advice is from {their_cell}"
-    return f"I start at {my_cell} seeing {my_view}; the advice saw {their_view}"
+        return f"{who} at {my_cell}; {lesson} is from {their_cell}"
+    return f"{who} at {my_cell} seeing {my_view}; {lesson} saw {their_view}"
 
 
 def winning_route(trajectory: Trajectory) -> list[str]:
@@ -412,29 +416,45 @@ def _own_lesson(trajectory: Trajectory) -> ExperienceEntry:
                         key=trajectory.retrieval_key)
 
 
+def taught_answer(episode: AdvisedEpisode) -> str:
+    """The answer the warm start teaches for ``episode`` (``answer_class``): a won episode
+    upvotes the entry it followed, or adds its own route (its moves as played: a lesson the
+    extractor can copy from the transcript it reads); a lost one downvotes the entry it
+    followed if that is its level's own, or changes nothing. With a route lesson shown (MiniHack)
+    the answer first sets the episode's start beside the lesson's (``advice_check``) and says
+    whose it is: the vote turns on that, and without it a warm extractor never told its own
+    level's lesson from another's (an entry shown, it voted one time in five whichever it was)."""
+    kind = answer_class(episode)
+    ops: list[dict[str, Any]]
+    if kind == "add":
+        lesson = _own_lesson(episode.trajectory)
+        ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
+    elif kind == "return":
+        ops = [{"op": "return"}]
+    else:
+        ops = [{"op": kind, "target_idx": 0}]
+    answer = f"<answer>{json.dumps(ops)}</answer>"
+    traj = episode.trajectory
+    check = (advice_check(episode.advice, traj.turns[0].observation, who="The episode starts",
+                          lesson="lesson [0]")
+             if episode.advice is not None and traj.turns else None)
+    if check is None:
+        return answer
+    own = episode.advice.title == _own_lesson(traj).title
+    return f"<think>{check}: {'this level' if own else 'another level'}'s.</think>{answer}"
+
+
 def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
                      max_transcript_chars: int) -> Turn:
     """The distillation prompt the Experience Manager builds for ``episode`` (chat-encoded as
-    the extractor receives it) and an answer built from the transcript (``answer_class``): a
-    won episode upvotes the entry it followed, or adds its own route; a lost one downvotes the
-    entry it followed, or changes nothing."""
+    the extractor receives it) and the ``taught_answer``."""
     traj = episode.trajectory
     shown = [episode.advice] if episode.advice is not None else []
     request = DistillationRequest(traj.env_id, traj.task, traj.transcript, traj.won, traj.score,
                                   [e.id for e in shown])
     prompt = distill_prompt(request, shown, max_ops=max_ops,
                             max_transcript_chars=max_transcript_chars)
-    kind = answer_class(episode)
-    ops: list[dict[str, Any]]
-    if kind == "add":
-        # The moves as played: a lesson the extractor can copy from the transcript it reads.
-        lesson = _own_lesson(traj)
-        ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
-    elif kind == "return":
-        ops = [{"op": "return"}]
-    else:
-        ops = [{"op": kind, "target_idx": 0}]
-    text = f"<answer>{json.dumps(ops)}</answer>"
+    text = taught_answer(episode)
     ids = reply_ids(tokenizer, text)
     return Turn(prompt_token_ids=encode_chat(tokenizer, [{"role": "user", "content": prompt}]),
                 token_ids=ids, logprobs=[0.0] * len(ids), text=text)

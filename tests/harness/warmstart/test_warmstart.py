@@ -257,27 +257,36 @@ def test_extractor_samples_are_balanced_over_the_answer_classes(backend):
     for episode in episodes:
         sample = extractor_sample(episode, tokenizer=backend.tokenizer, max_ops=3,
                                   max_transcript_chars=2000)
-        [op] = json.loads(sample.text.removeprefix("<answer>").removesuffix("</answer>"))
+        think, _, answer = sample.text.rpartition("<answer>")
+        [op] = json.loads(answer.removesuffix("</answer>"))
         assert parse_distillation(sample.text, int(episode.advice is not None)).ok
         assert op["op"] == answer_class(episode)
         prompt = backend.tokenizer.decode(sample.prompt_token_ids)
         assert ("[0] " in prompt) == (episode.advice is not None)
-        if op["op"] in ("upvote", "downvote"):  # a vote names an entry shown
+        own_title = f"Winning moves from {episode.trajectory.retrieval_key}"
+        # a shown lesson is first set beside the episode's start and said whose it is
+        whose = ("" if episode.advice is None else "this level's" if episode.advice.title ==
+                 own_title else "another level's")
+        assert think.startswith("<think>The episode starts at x=") == bool(whose)
+        assert think.endswith(f": {whose}.</think>" if whose else "")
+        if op["op"] in ("upvote", "downvote"):  # a vote names an entry shown: the level's own
             assert episode.advice is not None and episode.followed
-        elif episode.advice is not None:  # another level's route, set aside: not voted on
-            assert not episode.followed
+            assert episode.advice.title == own_title
+        elif episode.advice is not None:  # another level's route: set aside, or misled and lost
+            assert episode.advice.title != own_title
             assert f"Level: {episode.trajectory.retrieval_key}\n" in prompt
-            assert episode.advice.title != f"Winning moves from {episode.trajectory.retrieval_key}"
             shown_other.append(op["op"])
         if op["op"] == "add":  # the episode's own level and moves, whatever it was shown
-            assert op["title"] == f"Winning moves from {episode.trajectory.retrieval_key}"
+            assert op["title"] == own_title
         assert episode.trajectory.won == (op["op"] in ("add", "upvote"))
         answered.append(op["op"])
     assert {name: answered.count(name) for name in ANSWER_CLASSES} == class_quotas(10)
     assert shown_other  # some adds or returns were shown another level's route
-    misled = [e for e in episodes if answer_class(e) == "downvote"]
-    # a downvoted entry is another level's route, and the episode played its moves first
-    for episode in misled:
+    followed_lost = [e for e in episodes if e.advice is not None and e.followed
+                     and not e.trajectory.won]
+    # a wrong lesson of the level's own (downvote), and one misled by another level's (return)
+    assert sorted(answer_class(e) for e in followed_lost) == ["downvote", "downvote", "return"]
+    for episode in followed_lost:  # the episode played the entry's moves first
         moves = episode.advice.content.removeprefix("from the start, play ").rstrip(".")
         played = [t.action for t in episode.trajectory.turns]
         assert played[:len(moves.split(", "))] == moves.split(", ")
@@ -385,13 +394,15 @@ def test_extractor_classes_fill_on_webshop_and_alfworld(backend, env_id, count, 
             assert episode.advice.title.startswith("Winning moves for: ")
         if answer_class(episode) == "upvote":
             assert episode.advice.title.endswith(episode.trajectory.task)
-        if answer_class(episode) == "downvote":
-            assert not episode.advice.title.endswith(episode.trajectory.task)
+        if answer_class(episode) == "downvote":  # a wrong lesson of its own task
+            assert episode.advice.title.endswith(episode.trajectory.task)
+            assert episode.advice.id.startswith("wrong-")
 
 
 def test_extractor_classes_fill_on_sokoban_whose_levels_share_one_task(backend):
     """Every Sokoban level has the same task sentence: its lessons are titled by the level's
-    retrieval key (goal and layout), so another level's route exists to mislead (downvote)."""
+    retrieval key (goal and layout), so a lesson with another level's moves under the level's
+    own title is a wrong lesson (downvote)."""
     kwargs = {"num_boxes": 1, "max_solution_length": 6, "max_episode_steps": 10}
     episodes = extractor_episodes("CRL/Sokoban-v0", list(range(WARM_SEED, WARM_SEED + 64)), 8,
                                   noise=0.1, rng=random.Random(0), tokenizer=backend.tokenizer,
@@ -402,7 +413,7 @@ def test_extractor_classes_fill_on_sokoban_whose_levels_share_one_task(backend):
     for episode in episodes:
         if episode.advice is not None:
             own = episode.advice.title.endswith(episode.trajectory.retrieval_key)
-            assert own == (answer_class(episode) == "upvote")
+            assert own == (answer_class(episode) in ("upvote", "downvote"))
 
 
 def test_hardening_warm_start_refuses_swebench_with_one_clear_error(backend):
