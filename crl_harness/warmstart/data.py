@@ -107,15 +107,13 @@ def route_of(entry: ExperienceEntry) -> tuple[str, list[str]] | None:
     return (entry.title.removeprefix(_ROUTE_TITLE), moves) if all(moves) else None
 
 
-def advice_check(entry: ExperienceEntry, observation: str, *, who: str = "I start",
-                 lesson: str = "the advice") -> str | None:
+def advice_check(entry: ExperienceEntry, observation: str) -> str | None:
     """Whether a route lesson fits the level, said the way the actor can check it: the start
     cell (and what was in view there) of the first observation, then the lesson title's, so that
     the two stand side by side before the reply decides (": mine" or ": set aside"; with the
     advice's cell written before its own, an actor sampling at T=0.99 set its own level's lesson
-    aside in 6 of 32 episodes of a probe). ``who`` and ``lesson`` name the two (the extractor
-    says it of an episode). ``None`` where the title or the observation carries no MiniHack
-    level key.
+    aside in 6 of 32 episodes of a probe). ``None`` where the title or the observation carries no
+    MiniHack level key.
 
     >>> entry = route_advice("CRL/MiniHackRoom-v0", "You (@) are at x=39, y=9. HP 12/12.", ["west"])
     >>> advice_check(entry, "You (@) are at x=38, y=12. HP 12/12.")
@@ -128,8 +126,8 @@ def advice_check(entry: ExperienceEntry, observation: str, *, who: str = "I star
     my_cell, _, my_view = mine.partition("; in view: ")
     their_cell, _, their_view = theirs.partition("; in view: ")
     if their_cell != my_cell or theirs == mine:
-        return f"{who} at {my_cell}; {lesson} is from {their_cell}"
-    return f"{who} at {my_cell} seeing {my_view}; {lesson} saw {their_view}"
+        return f"I start at {my_cell}; the advice is from {their_cell}"
+    return f"I start at {my_cell} seeing {my_view}; the advice saw {their_view}"
 
 
 def winning_route(trajectory: Trajectory) -> list[str]:
@@ -420,10 +418,7 @@ def taught_answer(episode: AdvisedEpisode) -> str:
     """The answer the warm start teaches for ``episode`` (``answer_class``): a won episode
     upvotes the entry it followed, or adds its own route (its moves as played: a lesson the
     extractor can copy from the transcript it reads); a lost one downvotes the entry it
-    followed if that is its level's own, or changes nothing. With a route lesson shown (MiniHack)
-    the answer first sets the episode's start beside the lesson's (``advice_check``) and says
-    whose it is: the vote turns on that, and without it a warm extractor never told its own
-    level's lesson from another's (an entry shown, it voted one time in five whichever it was)."""
+    followed if that is its level's own, or changes nothing."""
     kind = answer_class(episode)
     ops: list[dict[str, Any]]
     if kind == "add":
@@ -433,15 +428,7 @@ def taught_answer(episode: AdvisedEpisode) -> str:
         ops = [{"op": "return"}]
     else:
         ops = [{"op": kind, "target_idx": 0}]
-    answer = f"<answer>{json.dumps(ops)}</answer>"
-    traj = episode.trajectory
-    check = (advice_check(episode.advice, traj.turns[0].observation, who="The episode starts",
-                          lesson="lesson [0]")
-             if episode.advice is not None and traj.turns else None)
-    if check is None:
-        return answer
-    own = episode.advice.title == _own_lesson(traj).title
-    return f"<think>{check}: {'this level' if own else 'another level'}'s.</think>{answer}"
+    return f"<answer>{json.dumps(ops)}</answer>"
 
 
 def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
