@@ -10,7 +10,11 @@ wins when the env reports a win before its moves run out. Printed per training l
 the bank's lessons for it (copies counted once, with how many copies and their votes) and
 whether each wins; a level with no lesson of its own gets another level's at retrieval (a
 retrieval miss, ``experience_ceiling.py``'s ``wrong`` arm). Other entries are counted apart.
-The bank is opened read-only (a live run may hold it).
+Then what a guided episode of each level is handed now: the env's reset through the
+``ExperienceAugmentation`` wrapper and an Experience Manager with the run's retrieval settings
+(``experience.k`` and its re-rank; the bank's entries in their order, retrieval counts afresh),
+each lesson named as the level's own or another's and played on the level. The bank is opened
+read-only (a live run may hold it).
 """
 
 from __future__ import annotations
@@ -79,6 +83,53 @@ def replay_bank(cfg: Any, entries: list[Any]) -> tuple[list[LessonReplay], dict[
     return replays, keys, len(entries) - sum(copies.values())
 
 
+@dataclass
+class Handed:
+    """A lesson retrieval hands a guided episode of a training level, played there."""
+
+    seed: int
+    whose: str  # "own", "level N's", "another level's" (not a training level), or "words"
+    moves: list[str]
+    won: bool | None  # None: not a route lesson
+
+
+def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) -> list[Handed]:
+    """What a guided episode of each training level retrieves from ``entries`` (the run's
+    retrieval settings, a fresh in-memory bank of the same entries in order), each lesson
+    played on the level."""
+    from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
+    from crl_harness.experience.retrieval import RetrievalConfig
+    from crl_harness.rollout import make_env
+    from crl_harness.warmstart.data import route_of
+
+    env_entry = cfg.tasks.envs[0]
+    level_of = {key: seed for seed, key in keys.items() if key}
+    bank = ExperienceBank(":memory:")
+    for entry in entries:
+        bank.add(entry.env_id, entry.title, entry.content)
+    manager = ExperienceManager(bank, config=ManagerConfig(
+        retrieval=RetrievalConfig.from_config(cfg.experience), seed=cfg.run.seed))
+    env = make_env(env_entry.id, manager, cfg.experience.k, **env_entry.kwargs)
+    handed = []
+    try:
+        for seed in keys:
+            _, info = env.reset(seed=seed, options={"use_experience": True})
+            for entry_id in info.get("experience_ids") or []:
+                route = route_of(bank.get(entry_id))
+                if route is None:
+                    handed.append(Handed(seed, "words", [], None))
+                    continue
+                key, moves = route
+                whose = ("own" if level_of.get(key) == seed else f"level {level_of[key]}'s"
+                         if key in level_of else "another level's")
+                handed.append(Handed(seed, whose, moves, play_route(env, seed, moves)))
+    finally:
+        env.close()
+        manager.close()
+        bank.close()
+    return handed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="a training run's folder (config.json, "
@@ -110,11 +161,19 @@ def main() -> None:
         for r in mine:
             print(f"  {'wins ' if r.won else 'loses'}  x{r.copies:<3} votes {r.votes:<3} "
                   f"{', '.join(r.moves)}")
+    handed = handed_lessons(cfg, entries, keys)
+    for seed in keys:
+        for h in (h for h in handed if h.seed == seed):
+            outcome = "a lesson in words" if h.won is None else (
+                f"{h.whose} {', '.join(h.moves)}: {'wins' if h.won else 'loses'}")
+            print(f"level {seed} retrieves {outcome}")
     copies = sum(r.copies for r in replays)
     winning = sum(r.copies for r in replays if r.won)
     print(f"route lessons: {winning}/{copies} entries win when played "
           f"({sum(r.won for r in replays)}/{len(replays)} distinct); levels with a lesson of "
-          f"their own: {len({r.seed for r in replays})}/{len(keys)}")
+          f"their own: {len({r.seed for r in replays})}/{len(keys)}; retrieved, their own: "
+          f"{sum(h.whose == 'own' for h in handed)}/{len(handed)}, winning: "
+          f"{sum(bool(h.won) for h in handed)}/{len(handed)}")
 
 
 if __name__ == "__main__":

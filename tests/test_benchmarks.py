@@ -159,7 +159,8 @@ def test_efficacy_reuse_names_the_first_setting_that_differs(monkeypatch):
 
 def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path, monkeypatch):
     """A lesson that reaches the stairs of training level 0 wins, one that walks away loses, a
-    lesson in words is counted apart, and levels without a lesson are named (real MiniHack)."""
+    lesson in words is counted apart, levels without a lesson are named, and what retrieval
+    hands each level is played there (real MiniHack)."""
     import json
 
     from crl_harness.config import config_to_dict, load_config
@@ -186,6 +187,10 @@ def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path, monkeypatch)
     assert "route lessons: 2/3 entries win when played (1/2 distinct); levels with a lesson of " \
            "their own: 1/4" in done.stdout
     assert "none of its own" in done.stdout
+    # what a guided episode is handed now: level 0 its own shortest lesson, the others level 0's
+    assert "level 0 retrieves own south: wins" in done.stdout
+    assert "level 1 retrieves level 0's south: loses" in done.stdout
+    assert "retrieved, their own: 1/4, winning: 1/4" in done.stdout
 
 
 def test_hardening_bank_replay_wants_a_run_folder(tmp_path):
