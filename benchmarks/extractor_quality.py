@@ -64,16 +64,12 @@ def heldout_episodes(cfg, backend, count: int) -> list:
 def taught(episode, cfg) -> tuple[str, tuple]:
     """The distillation prompt of ``episode`` (what the Experience Manager sends) and the
     operations the warm start teaches for it."""
-    from crl_harness.experience.distill import DistillationRequest, distill_prompt
     from crl_harness.experience.operations import ParseLimits, parse_distillation
-    from crl_harness.warmstart.data import taught_answer
+    from crl_harness.warmstart.data import extractor_prompt, taught_answer
 
-    traj, shown = episode.trajectory, [episode.advice] if episode.advice is not None else []
-    prompt = distill_prompt(DistillationRequest(traj.env_id, traj.task, traj.transcript,
-                                                traj.won, traj.score, [e.id for e in shown]),
-                            shown, max_ops=ParseLimits().max_ops,
-                            max_transcript_chars=cfg.experience.max_transcript_chars)
-    return prompt, parse_distillation(taught_answer(episode), len(shown)).ops
+    prompt = extractor_prompt(episode, max_ops=ParseLimits().max_ops,
+                              max_transcript_chars=cfg.experience.max_transcript_chars)
+    return prompt, parse_distillation(taught_answer(episode), int(episode.advice is not None)).ops
 
 
 def verdict(answer: str, shown: int, ops: tuple) -> str:

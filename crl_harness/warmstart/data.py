@@ -7,9 +7,9 @@ earlier attempt at this level"), ``winning_route`` (the shortest route an earlie
 observations show), ``earlier_route`` (that attempt and its entry), ``actor_episodes`` (the mix
 of plain, noisy and advised episodes),
 ``extractor_episodes`` (episodes for the extractor, as many of each answer class as of the
-others), ``answer_class``, ``taught_answer`` (the operations answer built from an episode's
-transcript) and ``extractor_sample`` (the Experience Manager's distillation prompt for an
-episode with that answer).
+others), ``answer_class``, ``extractor_prompt`` (the Experience Manager's distillation prompt
+for an episode), ``taught_answer`` (the operations answer built from its transcript) and
+``extractor_sample`` (the two as a training sample).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from crl_harness.warmstart.reasons import REASONS, random_reason
 
 __all__ = ["AdvisedEpisode", "route_advice", "advice_check", "winning_route", "earlier_route",
            "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_class",
-           "class_quotas", "extractor_episodes", "extractor_sample", "reply_ids", "route_of",
-           "taught_answer"]
+           "class_quotas", "extractor_episodes", "extractor_prompt", "extractor_sample",
+           "reply_ids", "route_of", "taught_answer"]
 
 EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
 STRAY_NOISE = 1.0
@@ -431,16 +431,22 @@ def taught_answer(episode: AdvisedEpisode) -> str:
     return f"<answer>{json.dumps(ops)}</answer>"
 
 
-def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
-                     max_transcript_chars: int) -> Turn:
-    """The distillation prompt the Experience Manager builds for ``episode`` (chat-encoded as
-    the extractor receives it) and the ``taught_answer``."""
+def extractor_prompt(episode: AdvisedEpisode, *, max_ops: int, max_transcript_chars: int) -> str:
+    """The distillation prompt the Experience Manager builds for ``episode``, with the entry it
+    was shown (if any) numbered 0."""
     traj = episode.trajectory
     shown = [episode.advice] if episode.advice is not None else []
     request = DistillationRequest(traj.env_id, traj.task, traj.transcript, traj.won, traj.score,
                                   [e.id for e in shown])
-    prompt = distill_prompt(request, shown, max_ops=max_ops,
-                            max_transcript_chars=max_transcript_chars)
+    return distill_prompt(request, shown, max_ops=max_ops,
+                          max_transcript_chars=max_transcript_chars)
+
+
+def extractor_sample(episode: AdvisedEpisode, *, tokenizer: Any, max_ops: int,
+                     max_transcript_chars: int) -> Turn:
+    """The ``extractor_prompt`` (chat-encoded as the extractor receives it) and the
+    ``taught_answer``."""
+    prompt = extractor_prompt(episode, max_ops=max_ops, max_transcript_chars=max_transcript_chars)
     text = taught_answer(episode)
     ids = reply_ids(tokenizer, text)
     return Turn(prompt_token_ids=encode_chat(tokenizer, [{"role": "user", "content": prompt}]),
