@@ -2,6 +2,7 @@
 its title names, without a model: which ones win, and which levels have none.
 
     .venv/bin/python benchmarks/bank_replay.py runs/demo      # RUN_DIR: config.json, bank.sqlite
+    .venv/bin/python benchmarks/bank_replay.py runs/demo --set experience.min_query_coverage=1
 
 A route lesson ("Winning moves from KEY: from the start, play east, south.", as the warm start
 teaches the extractor to write it) is played move by move from the reset of each training level
@@ -13,7 +14,8 @@ retrieval miss, ``experience_ceiling.py``'s ``wrong`` arm). Other entries are co
 Then what a guided episode of each level is handed now: the env's reset through the
 ``ExperienceAugmentation`` wrapper and an Experience Manager with the run's retrieval settings
 (``experience.k`` and its re-rank; the bank's entries in their order, retrieval counts afresh),
-each lesson named as the level's own or another's and played on the level. The bank is opened
+each lesson named as the level's own or another's and played on the level (``--set`` changes
+the run's settings first: what other retrieval settings would hand). The bank is opened
 read-only (a live run may hold it).
 """
 
@@ -134,6 +136,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="a training run's folder (config.json, "
                                                   "bank.sqlite)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
+                        help="overrides of the run's config, e.g. experience.min_query_coverage=1")
     args = parser.parse_args()
     config, bank_file = args.run_dir / "config.json", args.run_dir / "bank.sqlite"
     for needed in (config, bank_file):
@@ -145,7 +149,7 @@ def main() -> None:
     from crl_harness.experience.bank import ExperienceBank
 
     try:  # a config that is not one, a file that is no bank: one line, no traceback
-        cfg = load_config(str(config), [])
+        cfg = load_config(str(config), args.set)
         with ExperienceBank(bank_file, read_only=True) as bank:
             entries = bank.entries(cfg.tasks.envs[0].id)
     except (ConfigError, UserFacingError) as err:
@@ -163,17 +167,21 @@ def main() -> None:
                   f"{', '.join(r.moves)}")
     handed = handed_lessons(cfg, entries, keys)
     for seed in keys:
-        for h in (h for h in handed if h.seed == seed):
+        mine = [h for h in handed if h.seed == seed]
+        for h in mine:
             outcome = "a lesson in words" if h.won is None else (
                 f"{h.whose} {', '.join(h.moves)}: {'wins' if h.won else 'loses'}")
             print(f"level {seed} retrieves {outcome}")
+        if not mine:
+            print(f"level {seed} retrieves nothing")
     copies = sum(r.copies for r in replays)
     winning = sum(r.copies for r in replays if r.won)
     print(f"route lessons: {winning}/{copies} entries win when played "
           f"({sum(r.won for r in replays)}/{len(replays)} distinct); levels with a lesson of "
-          f"their own: {len({r.seed for r in replays})}/{len(keys)}; retrieved, their own: "
-          f"{sum(h.whose == 'own' for h in handed)}/{len(handed)}, winning: "
-          f"{sum(bool(h.won) for h in handed)}/{len(handed)}")
+          f"their own: {len({r.seed for r in replays})}/{len(keys)}; levels handed their own "
+          f"lesson: {len({h.seed for h in handed if h.whose == 'own'})}/{len(keys)}, one that "
+          f"wins there: {len({h.seed for h in handed if h.won})}/{len(keys)}, nothing: "
+          f"{len(set(keys) - {h.seed for h in handed})}/{len(keys)}")
 
 
 if __name__ == "__main__":

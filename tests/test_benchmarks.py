@@ -190,7 +190,15 @@ def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path, monkeypatch)
     # what a guided episode is handed now: level 0 its own shortest lesson, the others level 0's
     assert "level 0 retrieves own south: wins" in done.stdout
     assert "level 1 retrieves level 0's south: loses" in done.stdout
-    assert "retrieved, their own: 1/4, winning: 1/4" in done.stdout
+    assert "levels handed their own lesson: 1/4, one that wins there: 1/4, nothing: 0/4" \
+        in done.stdout
+    floor = subprocess.run([sys.executable, str(script), str(tmp_path), "--set",
+                            "experience.min_query_coverage=1"], capture_output=True, text=True,
+                           timeout=300)
+    assert floor.returncode == 0, floor.stderr
+    assert "level 1 retrieves nothing" in floor.stdout  # not level 0's lesson
+    assert "levels handed their own lesson: 1/4, one that wins there: 1/4, nothing: 3/4" \
+        in floor.stdout
 
 
 def test_hardening_bank_replay_wants_a_run_folder(tmp_path):

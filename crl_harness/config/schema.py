@@ -241,6 +241,11 @@ class ExperienceConfig:
     its top slot (released: 0.5)"""
     recency_window_s: float = bounded(300.0, ge=0)
     """re-rank: how long after its retrieval an entry counts as recently used (released: 300)"""
+    min_query_coverage: float = bounded(0.0, ge=0, le=1)
+    """a floor before the re-rank: the share of the query's distinct words (``tokenize``'s) an
+    entry must contain to be retrieved; bm25 only (0: off, as released). Where the query is a
+    key that names the level (MiniHack's start cell and view), 1 hands a level without a lesson
+    of its own none, not the nearest other level's"""
     credit: str = choice("outcome", "relative")
     """what a guided episode credits the writers of its entries with: ``outcome`` (paper): its
     score, 0 counting as -1; ``relative``: its score minus the mean score of its group's free

@@ -111,6 +111,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     e = cfg.experience
     if e.candidates < e.k:
         fail("experience.candidates", f"must be >= experience.k ({e.k}), got {e.candidates}")
+    if e.min_query_coverage > 0 and e.retrieval != "bm25":
+        fail("experience.min_query_coverage", "counts the query's words in an entry, which "
+             "only experience.retrieval: bm25 reads; set it 0 with dense retrieval")
     if cfg.arm == "none":
         for key in SWITCHES:
             if getattr(cfg.experience, key.removeprefix("experience.")):

