@@ -40,14 +40,23 @@ class LessonReplay:
     won: bool
 
 
-def play_route(env: Any, seed: int, moves: list[str]) -> bool:
+def play_route(env: Any, seed: int, moves: list[str], options: dict | None = None) -> bool:
     """Whether ``moves`` from the reset of level ``seed`` reach a win."""
-    env.reset(seed=seed)
+    env.reset(seed=seed, options=options)
     for move in moves:
         _, _, terminated, truncated, info = env.step(move)
         if terminated or truncated:
             return bool(info.get("won"))
     return False
+
+
+def levels_of_keys(keys: dict[int, str | None]) -> dict[str, list[int]]:
+    """The training levels of each retrieval key (levels can share one)."""
+    seeds_of: dict[str, list[int]] = {}
+    for seed, key in keys.items():
+        if key:
+            seeds_of.setdefault(key, []).append(seed)
+    return seeds_of
 
 
 def replay_bank(cfg: Any, entries: list[Any]) -> tuple[list[LessonReplay], dict[int, str | None],
@@ -66,10 +75,7 @@ def replay_bank(cfg: Any, entries: list[Any]) -> tuple[list[LessonReplay], dict[
     try:
         keys = {seed: env.reset(seed=seed)[1].get("retrieval_query")
                 for seed in cfg.tasks.training_seeds()}
-        seeds_of: dict[str, list[int]] = {}
-        for seed, key in keys.items():
-            if key:
-                seeds_of.setdefault(key, []).append(seed)
+        seeds_of = levels_of_keys(keys)
         copies: Counter[tuple[str, tuple[str, ...]]] = Counter()
         votes: Counter[tuple[str, tuple[str, ...]]] = Counter()
         for entry in entries:
@@ -105,7 +111,7 @@ def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) ->
     from crl_harness.warmstart.data import route_of
 
     env_entry = cfg.tasks.envs[0]
-    level_of = {key: seed for seed, key in keys.items() if key}
+    seeds_of = levels_of_keys(keys)
     bank = ExperienceBank(":memory:")
     for entry in entries:
         bank.add(entry.env_id, entry.title, entry.content)
@@ -122,9 +128,11 @@ def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) ->
                     handed.append(Handed(seed, "words", [], None))
                     continue
                 key, moves = route
-                whose = ("own" if level_of.get(key) == seed else f"level {level_of[key]}'s"
-                         if key in level_of else "another level's")
-                handed.append(Handed(seed, whose, moves, play_route(env, seed, moves)))
+                whose = ("own" if seed in seeds_of.get(key, []) else
+                         f"level {seeds_of[key][0]}'s" if key in seeds_of else "another level's")
+                # replayed without retrieving again: a retrieval counts in the re-rank
+                handed.append(Handed(seed, whose, moves, play_route(
+                    env, seed, moves, options={"use_experience": False})))
     finally:
         env.close()
         manager.close()
@@ -161,7 +169,7 @@ def main() -> None:
         mine = [r for r in replays if r.seed == seed]
         wins = sum(r.won for r in mine)
         print(f"level {seed} ({key}): {len(mine)} distinct lesson(s), {wins} win"
-              + ("" if mine else "; none of its own: retrieval hands it another level's"))
+              + ("" if mine else "; none of its own"))
         for r in mine:
             print(f"  {'wins ' if r.won else 'loses'}  x{r.copies:<3} votes {r.votes:<3} "
                   f"{', '.join(r.moves)}")

@@ -324,8 +324,9 @@ def main() -> None:
         parser.error("--repeats must be in 1..20 and --steps in 1..10000")
     if not 1 <= args.jobs <= 16:
         parser.error("--jobs must be in 1..16")
-    if not 0 <= args.extractor_quality <= 300:
-        parser.error("--extractor-quality must be in 0..300 (0 skips it)")
+    if args.extractor_quality != 0 and not 4 <= args.extractor_quality <= 300:
+        parser.error("--extractor-quality must be in 4..300, one or more of each taught "
+                     "answer (0 skips it)")
     if not args.arms:
         parser.error(f"--arms needs at least one of: {', '.join(ARMS)}")
     from crl_harness.config import HELDOUT_RESERVED

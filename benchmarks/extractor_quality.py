@@ -5,11 +5,12 @@
 
 On the config's first env and held-out levels (``tasks.heldout_offset``, never in a warm start)
 the scripted oracle plays the episodes the warm start teaches from
-(``crl_harness.warmstart.data.extractor_episodes``, with ``warmstart.noise``), as many of each
-case as of the others; for each, the Experience Manager's own distillation prompt (with the entry
-the episode was shown, if any) goes to the extractor, greedy and at the config's
-``extractor.temperature`` (the one training samples at, ``--samples`` answers each). The cases
-and what is taught (``extractor_sample``):
+(``crl_harness.warmstart.data.extractor_episodes``, with ``warmstart.noise``), shared over the
+answers as the warm start shares them (48: 12 add, 8 return, 4 misled returns, 12 upvote, 12
+downvote); for each, the Experience Manager's own distillation prompt (with the entry the episode
+was shown, if any) goes to the extractor, greedy and at the config's ``extractor.temperature``
+(the one training samples at, ``--samples`` answers each). The cases and what is taught
+(``taught_answer``):
 
 - ``add``: a won episode (no entry, or another level's set aside) adds its moves as played;
 - ``return``: a lost one (no entry, or another level's set aside) changes nothing;
@@ -35,12 +36,11 @@ CASES = ("add", "return", "return, misled", "upvote", "downvote")
 
 
 def case_of(episode) -> str:
-    """The row of ``CASES`` an ``AdvisedEpisode`` is counted in."""
-    from crl_harness.warmstart.data import answer_class
+    """The row of ``CASES`` an ``AdvisedEpisode`` is counted in (its ``answer_case``)."""
+    from crl_harness.warmstart.data import answer_case
 
-    name = answer_class(episode)
-    misled = name == "return" and episode.advice is not None and episode.followed
-    return "return, misled" if misled else name
+    case = answer_case(episode)
+    return "return, misled" if case == "misled" else case
 
 
 def heldout_episodes(cfg, backend, count: int) -> list:

@@ -24,8 +24,9 @@ QUALITY = Path(__file__).resolve().parents[1] / "benchmarks" / "extractor_qualit
     (EFFICACY, ["--eval-levels", "0"], "--eval-levels must be in 1..10000"),
     (EFFICACY, ["--eval-levels", "10001"], "--eval-levels must be in 1..10000"),
     (EFFICACY, ["--set", "actor.no_such_key=1"], "no_such_key"),
-    (EFFICACY, ["--extractor-quality", "-1"], "--extractor-quality must be in 0..300"),
-    (EFFICACY, ["--extractor-quality", "301"], "--extractor-quality must be in 0..300"),
+    (EFFICACY, ["--extractor-quality", "-1"], "--extractor-quality must be in 4..300"),
+    (EFFICACY, ["--extractor-quality", "3"], "--extractor-quality must be in 4..300"),
+    (EFFICACY, ["--extractor-quality", "301"], "--extractor-quality must be in 4..300"),
     (PILOT, ["--steps", "0"], "--steps must be in 1..1000"),
     (PILOT, ["--levels", "0"], "--levels in 1..10000"),
     (PILOT, ["--steps", "4", "--eval-at", "5"], "every --eval-at step must be in 1..--steps (4)"),
@@ -202,6 +203,8 @@ def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path, monkeypatch)
 
 
 def test_hardening_bank_replay_wants_a_run_folder(tmp_path):
+    from crl_harness.experience.bank import ExperienceBank
+
     def replay() -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(EFFICACY.parent / "bank_replay.py"),
                                str(tmp_path)], capture_output=True, text=True, timeout=120)
@@ -220,6 +223,16 @@ def test_hardening_bank_replay_wants_a_run_folder(tmp_path):
     done = replay()
     assert done.returncode == 2 and "is not an experience bank" in done.stderr
     assert "Traceback" not in done.stderr
+    with ExperienceBank(tmp_path / "bank2.sqlite"):
+        pass
+    (tmp_path / "bank2.sqlite").replace(tmp_path / "bank.sqlite")
+    for setting, message in (("experience.min_query_coverage=2", "must be in [0, 1]"),
+                             ("experience.no_such_key=1", "no_such_key")):
+        done = subprocess.run([sys.executable, str(EFFICACY.parent / "bank_replay.py"),
+                               str(tmp_path), "--set", setting], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2 and message in done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_gemm_rate_prints_every_shape_in_both_dtypes():

@@ -245,7 +245,8 @@ class ExperienceConfig:
     """a floor before the re-rank: the share of the query's distinct words (``tokenize``'s) an
     entry must contain to be retrieved; bm25 only (0: off, as released). Where the query is a
     key that names the level (MiniHack's start cell and view), 1 hands a level without a lesson
-    of its own none, not the nearest other level's"""
+    of its own none, not the nearest other level's. Search-and-ask's questions pass the same
+    floor (a free question rarely has all its words in one entry); a query without words passes"""
     credit: str = choice("outcome", "relative")
     """what a guided episode credits the writers of its entries with: ``outcome`` (paper): its
     score, 0 counting as -1; ``relative``: its score minus the mean score of its group's free

@@ -116,6 +116,11 @@ class RetrievalConfig:
             raise ValueError(f"retrieval index {self.index!r} is not 'bm25' or 'dense'.")
         if self.candidates < 1 or not 0.0 <= self.demotion_prob <= 1.0:
             raise ValueError("retrieval needs candidates >= 1 and 0 <= demotion_prob <= 1.")
+        if not 0.0 <= self.min_query_coverage <= 1.0:
+            raise ValueError("retrieval needs 0 <= min_query_coverage <= 1.")
+        if self.min_query_coverage and self.index != "bm25":
+            raise ValueError("min_query_coverage counts the query's words, which only the "
+                             "bm25 index reads; set it 0 with dense retrieval.")
 
     @classmethod
     def from_config(cls, experience: ExperienceConfig) -> RetrievalConfig:
@@ -151,7 +156,8 @@ def tokenize(text: str) -> list[str]:
 
 
 def query_coverage(query_tokens: Sequence[str], text: str) -> float:
-    """The share of the query's distinct words (``tokenize``'s) that ``text`` contains.
+    """The share of the query's distinct words (``tokenize``'s) that ``text`` contains (1 for
+    a query without words: nothing to miss).
 
     Example:
         >>> query_coverage(tokenize("x=38, y=12; in view: nothing notable"),

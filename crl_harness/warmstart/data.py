@@ -30,7 +30,7 @@ from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make
 from crl_harness.warmstart.reasons import REASONS, random_reason
 
 __all__ = ["AdvisedEpisode", "route_advice", "advice_check", "winning_route", "earlier_route",
-           "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_class",
+           "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_case", "answer_class",
            "class_quotas", "extractor_episodes", "extractor_prompt", "extractor_sample",
            "reply_ids", "route_of", "taught_answer"]
 
@@ -298,8 +298,17 @@ def answer_class(episode: AdvisedEpisode) -> str:
     followed = episode.advice is not None and episode.followed
     if episode.trajectory.won:
         return "upvote" if followed else "add"
-    own = followed and episode.advice.title == _own_lesson(episode.trajectory).title
+    own = (followed and bool(episode.trajectory.turns)
+           and episode.advice.title == _own_lesson(episode.trajectory).title)
     return "downvote" if own else "return"
+
+
+def answer_case(episode: AdvisedEpisode) -> str:
+    """``answer_class``, with ``misled`` for the returns of episodes that followed another
+    level's route (the share of the return class ``extractor_episodes`` fills apart)."""
+    name = answer_class(episode)
+    misled = name == "return" and episode.advice is not None and episode.followed
+    return "misled" if misled else name
 
 
 def class_quotas(count: int) -> dict[str, int]:
@@ -322,10 +331,10 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
       ``Level``): the answer is the episode's own, as without it (without such samples a warm
       extractor upvoted another level's route that a won episode had set aside, and the level
       never got a lesson of its own);
-    - ``return``, ``MISLED_SHARE`` of them: an episode that followed another level's route
-      (retrieval brought it; the actor took it for its own), then played on with ``noise``, and
-      lost: the route is not at fault (taught ``downvote``, a warm extractor deleted the lessons
-      of levels whose first views look alike, each misleading the other's episodes);
+    - ``return``, ``MISLED_SHARE`` of them (rounded down): an episode that followed another
+      level's route (retrieval brought it; the actor took it for its own), then played on with
+      ``noise``, and lost: the route is not at fault (a downvote deletes an entry with no votes,
+      and levels whose first views look alike would delete each other's lessons);
     - ``upvote``: an episode that followed its own level's route (an earlier, unhurried attempt's,
       as ``actor_episodes`` advises) and won;
     - ``downvote``: an episode that followed a wrong lesson of its own level (its title, another
@@ -395,7 +404,7 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
                                                      route=route, **play), entry)
             if answer_class(own) == "upvote":
                 found["upvote"].append(own)
-        if not foreign:
+        if not foreign or not (wants("downvote") or wants("misled")):
             continue
         other, moves = rng.choice(foreign)
         if wants("downvote") and moves != route:
