@@ -155,17 +155,17 @@ def tokenize(text: str) -> list[str]:
     return tokens
 
 
-def query_coverage(query_tokens: Sequence[str], text: str) -> float:
-    """The share of the query's distinct words (``tokenize``'s) that ``text`` contains (1 for
-    a query without words: nothing to miss).
+def query_coverage(query_tokens: Sequence[str], entry_tokens: Sequence[str]) -> float:
+    """The share of the query's distinct words that an entry's words (both ``tokenize``'s: the
+    BM25 index keeps each entry's) contain (1 for a query without words: nothing to miss).
 
     Example:
         >>> query_coverage(tokenize("x=38, y=12; in view: nothing notable"),
-        ...                "Winning moves from x=40, y=11; in view: nothing notable")
+        ...                tokenize("Winning moves from x=40, y=11; in view: nothing notable"))
         0.75
     """
     wanted = set(query_tokens)
-    return len(wanted & set(tokenize(text))) / len(wanted) if wanted else 1.0
+    return len(wanted.intersection(entry_tokens)) / len(wanted) if wanted else 1.0
 
 
 class BM25Index:

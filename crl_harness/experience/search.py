@@ -176,7 +176,7 @@ class _Search:
                 for query, found in zip(queries, hits, strict=True):
                     live = [(e, s) for e, s in ((self.bank.get(i), s) for i, s in found) if e
                             and (not cfg.min_query_coverage or query_coverage(
-                                query.tokens, e.text) >= cfg.min_query_coverage)]
+                                query.tokens, self._entry_tokens(e)) >= cfg.min_query_coverage)]
                     chosen = diversity_rerank(live, query.k, cfg, now, self._rng)
                     self.bank.record_retrievals([e.id for e in chosen], now)
                     results.append(chosen)
@@ -189,6 +189,11 @@ class _Search:
         finally:
             with self._busy_lock:
                 self._busy_searches -= 1
+
+    def _entry_tokens(self, entry: ExperienceEntry) -> tuple[str, ...]:
+        """The words the BM25 index holds for ``entry`` (tokenised once, when indexed)."""
+        tokens = self._features.get(entry.id)
+        return tokens if isinstance(tokens, tuple) else tuple(tokenize(entry.text))
 
     def _remember_generations(self, results: list[list[ExperienceEntry]]) -> None:
         with self._entry_generation_lock:
