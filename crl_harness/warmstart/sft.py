@@ -224,6 +224,7 @@ def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print,
         other = next(name for name in PARTS if name != only)
         if metrics.get("config", settings) != settings:
             metrics.setdefault(f"{other}_config", metrics["config"])
+        metrics.pop(f"{only}_config", None)  # the part made now is made with ``config``
     metrics.update({"config": settings, "model": w.model, "seed": cfg.run.seed,
                     "envs": [e.id for e in cfg.tasks.envs], "parts": parts})
     # Each part seeds its own generators: trained alone, it comes out as in a run of both.

@@ -501,6 +501,12 @@ def test_warmstart_only_extractor_keeps_the_actor_and_its_record(tiny, tmp_path)
     assert metrics["actor_config"]["extractor_samples"] == 4  # what the actor was made with
     assert metrics["config"]["extractor_samples"] == 8
     assert metrics["extractor_classes"] == {name: 2 for name in ANSWER_CLASSES}
+    # the actor made again alone: its old record goes, the extractor's settings are kept
+    again = run_warmstart(_config(tiny, tmp_path, "warmstart.extractor_samples=4"),
+                          log=lambda _: None, only="actor")
+    assert "actor_config" not in again
+    assert again["extractor_config"]["extractor_samples"] == 8
+    assert again["extractor_classes"] == {name: 2 for name in ANSWER_CLASSES}
 
 
 def test_hardening_warmstart_only_bad_values(tiny, tmp_path, capsys):
