@@ -16,6 +16,12 @@ rounded to the model's dtype. An update of 1e-6 (the released lr) is far below b
 accumulates until it shows. fp32 parameters (an fp32 model, LoRA adapters) are their own masters.
 float16 adds dynamic loss scaling, without which its gradients underflow.
 
+Shared prompt prefix: the rows of an update start with the same tokens (the chat header and the
+env's instructions: a third of a cpu-demo row or more). ``SharedPrefix`` forward-passes them
+once per update and every micro-batch continues from their keys and values; the gradient the
+rows send into the prefix is gathered on detached copies and passed through the prefix's own
+graph once, after the last micro-batch, so log-probs, loss and gradient are those of whole rows.
+
 Old log-probs: ``recompute_old_logprobs`` takes the ratio's old log-probs from the learner
 instead of the sampler (on by default unless the model runs in fp32: in bf16 the sampler's
 cached step-by-step decoding and the learner's full forward pass differ; SmolLM2-135M on a CPU
@@ -36,7 +42,7 @@ import torch
 from crl_harness.config import LoRAConfig
 from crl_harness.losses import LossTerms
 
-__all__ = ["TrainingRow", "UpdateStats", "PolicyLearner", "apply_lora"]
+__all__ = ["TrainingRow", "UpdateStats", "PolicyLearner", "SharedPrefix", "apply_lora"]
 
 LossFn = Callable[..., LossTerms]
 
@@ -126,6 +132,64 @@ def _adapters_in_fp32(peft_model: Any) -> Any:
     return peft_model
 
 
+class SharedPrefix:
+    """The tokens every row of an update starts with, forward-passed once (batch of one).
+
+    ``cache(rows)`` gives a micro-batch the prefix's keys and values as a ``DynamicCache``,
+    each layer's tensors expanded to the batch from detached leaves; the backward passes of the
+    micro-batches sum their gradients into the leaves, and ``backward`` then passes those sums
+    through the prefix's graph (the adapted layers' keys and values depend on the trained
+    weights), once. A frozen layer's keys and values need no gradient and have none.
+    ``MIN_TOKENS``: a shorter common prefix is not worth the extra forward call.
+    """
+
+    MIN_TOKENS = 16
+
+    def __init__(self, model: Any, ids: list[int], device: torch.device) -> None:
+        from transformers import DynamicCache
+
+        self.length = len(ids)
+        self.config = model.config
+        out = model(input_ids=torch.tensor([ids], device=device),
+                    past_key_values=DynamicCache(config=model.config), use_cache=True,
+                    logits_to_keep=1)
+        self.states = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        self.leaves = [tuple(t.detach().requires_grad_(t.requires_grad) for t in kv)
+                       for kv in self.states]
+
+    @staticmethod
+    def of(rows: Sequence[TrainingRow], model: Any) -> list[int] | None:
+        """The token ids all ``rows`` start with, cut to leave each row at least one prompt
+        token (the logit of its first completion token is read there); ``None`` when that is
+        under ``MIN_TOKENS`` or the model has layers other than full attention (a sliding
+        window's cache drops what falls out of the window)."""
+        config = model.config.get_text_config(decoder=True)
+        if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+            return None
+        first = rows[0].prompt_ids
+        length = min(len(r.prompt_ids) for r in rows) - 1
+        for r in rows[1:]:
+            same = 0
+            while same < length and r.prompt_ids[same] == first[same]:
+                same += 1
+            length = same
+        return list(first[:length]) if length >= SharedPrefix.MIN_TOKENS else None
+
+    def cache(self, rows: int) -> Any:
+        """A fresh cache holding the prefix for a micro-batch of ``rows`` rows."""
+        from transformers import DynamicCache
+
+        return DynamicCache([(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
+                             for k, v in self.leaves], config=self.config)
+
+    def backward(self) -> None:
+        """Pass the gradient the micro-batches gathered on the leaves into the trained weights."""
+        pairs = [(state, leaf.grad) for kv, leaves in zip(self.states, self.leaves, strict=True)
+                 for state, leaf in zip(kv, leaves, strict=True) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([s for s, _ in pairs], [g for _, g in pairs])
+
+
 class PolicyLearner:
     """Trains ``model`` in place: AdamW on fp32 masters, gradient accumulation over
     micro-batches, norm clipping (see the module docstring for precision and old log-probs).
@@ -134,17 +198,20 @@ class PolicyLearner:
     an update is visible to the next rollout at once; ``trainable_state_dict`` gives what a
     remote copy or a checkpoint needs (fp32 masters; the adapters only, with LoRA).
     ``recompute_old_logprobs=None`` turns recomputation on unless the model runs in fp32.
+    ``share_prefix``: forward the rows' common first tokens once an update (``SharedPrefix``);
+    off gives the same numbers at the cost of the full rows (``benchmarks/actor_update_bench.py``).
     """
 
     def __init__(self, model: Any, *, lr: float, max_grad_norm: float, temperature: float,
                  micro_batch_size: int, lora: LoRAConfig | None = None,
-                 recompute_old_logprobs: bool | None = None) -> None:
+                 recompute_old_logprobs: bool | None = None, share_prefix: bool = True) -> None:
         self.base_model = model
         self.model = apply_lora(model, lora) if lora is not None and lora.enabled else model
         self.lora = lora if lora is not None and lora.enabled else None
         self.max_grad_norm = max_grad_norm
         self.temperature = temperature if temperature > 0 else 1.0
         self.micro_batch_size = micro_batch_size
+        self.share_prefix = share_prefix
         self.dtype: torch.dtype = getattr(model, "dtype", None) or next(model.parameters()).dtype
         self.recompute_old_logprobs = (self.dtype != torch.float32
                                        if recompute_old_logprobs is None
@@ -161,12 +228,15 @@ class PolicyLearner:
             if self.dtype == torch.float16 else None
 
     # ------------------------------------------------------------------ log-probs
-    def token_logprobs(self, rows: Sequence[TrainingRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    def token_logprobs(self, rows: Sequence[TrainingRow], prefix: SharedPrefix | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """Differentiable log-probs of each row's completion tokens, right-aligned: (rows, K)
         with K the longest completion, and the mask of the trained tokens (a row's
         ``completion_mask``, else all its completion tokens). Where the mask is 0 the log-prob is
-        0 or that of a context token: losses and metrics must read it through the mask."""
-        width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+        0 or that of a context token: losses and metrics must read it through the mask.
+        ``prefix``: the rows' first ``prefix.length`` tokens, already forward-passed."""
+        start = prefix.length if prefix is not None else 0
+        width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows) - start
         K = max(len(r.completion_ids) for r in rows)
         pad = 0
         # Padded on the host (element writes are cheap there), then copied to the model's device
@@ -175,13 +245,17 @@ class PolicyLearner:
         attention = torch.zeros((len(rows), width), dtype=torch.long)
         mask = torch.zeros((len(rows), K), dtype=torch.float32)
         for i, r in enumerate(rows):
-            ids = r.prompt_ids + r.completion_ids
+            ids = (r.prompt_ids + r.completion_ids)[start:]
             input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             attention[i, width - len(ids):] = 1
             flags = r.completion_mask if r.completion_mask is not None else 1.0
             mask[i, K - len(r.completion_ids):] = torch.as_tensor(flags, dtype=torch.float32)
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0) + start
+        cache = None
+        if prefix is not None:  # the padding then sits between the prefix and each row's rest
+            attention = torch.cat([attention.new_ones((len(rows), start)), attention], dim=1)
+            cache = prefix.cache(len(rows))
         # Left padding puts every completion at the end, so only the last K+1 logits are needed;
         # with packed rows (long completions, mostly observations) only the columns some row
         # trains: the logits of a whole episode would be (K, vocab) per row.
@@ -191,7 +265,7 @@ class PolicyLearner:
         else:
             keep = (width - K - 1 + columns).to(self.device)  # the logit before each target
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         use_cache=False, logits_to_keep=keep)
+                         past_key_values=cache, use_cache=cache is not None, logits_to_keep=keep)
         logits = out.logits[:, :len(columns), :].float() / self.temperature
         columns = columns.to(self.device)
         targets = input_ids[:, width - K:].index_select(1, columns)
@@ -216,9 +290,12 @@ class PolicyLearner:
         order = sorted(rows, key=lambda r: len(r.prompt_ids) + len(r.completion_ids))
         total_loss, clipped, tokens, gap_sum, gap_max = 0.0, 0, 0, 0.0, 0.0
         try:
+            shared = SharedPrefix.of(order, self.model) \
+                if self.share_prefix and len(order) > 1 else None
+            prefix = SharedPrefix(self.model, shared, self.device) if shared else None
             for start in range(0, len(order), self.micro_batch_size):
                 batch = order[start : start + self.micro_batch_size]
-                logprobs, mask = self.token_logprobs(batch)
+                logprobs, mask = self.token_logprobs(batch, prefix)
                 K = logprobs.shape[1]
                 # Right-aligned like the log-probs, built in one host-to-device copy.
                 sampler = torch.tensor([[0.0] * (K - len(r.old_logprobs)) + list(r.old_logprobs)
@@ -244,6 +321,8 @@ class PolicyLearner:
                 total_loss += float(terms.loss.detach())
                 clipped += terms.clipped_tokens
                 tokens += terms.tokens
+            if prefix is not None:
+                prefix.backward()
             grad_norm = self._step()
         finally:
             self._zero_grad()

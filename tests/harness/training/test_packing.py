@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from crl_harness.config import LoRAConfig  # noqa: E402
 from crl_harness.losses import grpo_loss, sequence_token_weights  # noqa: E402
 from crl_harness.models import HFBackend  # noqa: E402
 from crl_harness.models.base import Generation, encode_chat  # noqa: E402
@@ -22,7 +23,12 @@ from crl_harness.models.tiny import build_tiny_model  # noqa: E402
 from crl_harness.rollout import EpisodeSpec, RolloutEngine, Trajectory, Turn  # noqa: E402
 from crl_harness.training import packing  # noqa: E402
 from crl_harness.training.batches import actor_rows  # noqa: E402
-from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats  # noqa: E402
+from crl_harness.training.learner import (  # noqa: E402
+    PolicyLearner,
+    SharedPrefix,
+    TrainingRow,
+    UpdateStats,
+)
 from crl_harness.training.packing import pack_turns  # noqa: E402
 from crl_harness.training.step_metrics import step_metrics  # noqa: E402
 
@@ -302,3 +308,72 @@ def test_sampled_replies_pack_as_sampled_and_keep_their_logprobs(backend):
                                                        row.old_logprobs, 1.0, 1.0,
                                                        row.completion_mask)]) == \
             pytest.approx(sampled, abs=1e-4)
+
+
+def _lora_learner(directory, share_prefix: bool) -> PolicyLearner:
+    """A learner of LoRA adapters on the top layer of a fresh copy of the tiny model (the bottom
+    one frozen), the adapters set to the same values in every copy, B non-zero so that the
+    gradient reaches A."""
+    model = HFBackend(directory, dtype="float32", device="cpu").model
+    learner = PolicyLearner(model, lr=1e-2, max_grad_norm=1e9, temperature=1.0,
+                            micro_batch_size=2, recompute_old_logprobs=False,
+                            lora=LoRAConfig(enabled=True, r=4, alpha=8, top_layers=1),
+                            share_prefix=share_prefix)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in learner.model.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return learner
+
+
+def test_shared_prefix_gives_the_whole_rows_update(tmp_path):
+    """The rows' common first tokens forward-passed once: the same log-probs, loss, statistics
+    and step as whole rows, packed and per-turn rows mixed over several micro-batches."""
+    directory = build_tiny_model(tmp_path / "tiny")
+    whole, shared = _lora_learner(directory, False), _lora_learner(directory, True)
+    trajectories = [_play(HFBackend(directory, dtype="float32", device="cpu"), seed=s)
+                    for s in range(4, 8)]
+    rows = _rows(trajectories[:3], [0.9, -0.3, -0.6], packed=True) + \
+        _rows(trajectories[3:], [0.5], packed=False)
+    prefix = SharedPrefix.of(rows, shared.model)
+    assert prefix is not None and len(prefix) >= SharedPrefix.MIN_TOKENS
+    assert all(r.prompt_ids[:len(prefix)] == prefix and len(r.prompt_ids) > len(prefix)
+               for r in rows)
+
+    whole.model.train()
+    shared.model.train()
+    with torch.no_grad():
+        a, mask = whole.token_logprobs(rows)
+        b, _ = shared.token_logprobs(rows, SharedPrefix(shared.model, prefix, shared.device))
+    assert torch.allclose(a * mask, b * mask, atol=1e-5)
+
+    stats_whole, stats_shared = whole.update(rows, grpo_loss), shared.update(rows, grpo_loss)
+    assert stats_whole.rows == stats_shared.rows == len(rows) > whole.micro_batch_size
+    assert stats_shared.grad_norm > 1e-3
+    assert stats_shared.grad_norm == pytest.approx(stats_whole.grad_norm, rel=1e-5)
+    assert stats_shared.loss == pytest.approx(stats_whole.loss, abs=1e-6)
+    assert stats_shared.clip_fraction == stats_whole.clip_fraction
+    assert stats_shared.logprob_gap_mean == pytest.approx(stats_whole.logprob_gap_mean, abs=1e-6)
+    after_whole, after_shared = whole.trainable_state_dict(), shared.trainable_state_dict()
+    assert after_whole.keys() == after_shared.keys()
+    before = _lora_learner(directory, True).trainable_state_dict()  # a fresh copy's weights
+    for key, value in after_whole.items():
+        assert torch.allclose(after_shared[key], value, atol=1e-6), key
+    assert max(float((after_shared[k] - before[k]).abs().max()) for k in before) > 1e-4
+
+
+def test_shared_prefix_only_where_it_is_common_long_and_leaves_a_prompt_token(tmp_path):
+    model = HFBackend(build_tiny_model(tmp_path / "tiny"), dtype="float32", device="cpu").model
+    start = list(range(3, 23))  # 20 tokens
+
+    def row(prompt: list[int]) -> TrainingRow:
+        return TrainingRow(prompt, [40, 41], [-1.0, -1.0], 1.0, 0.5)
+
+    assert SharedPrefix.of([row(start + [30, 31]), row(start + [32])], model) == start
+    # a row whose whole prompt is common keeps its last prompt token out of the prefix
+    assert SharedPrefix.of([row(start + [30]), row(start)], model) == start[:-1]
+    assert SharedPrefix.of([row(start[:10] + [99] + start[11:]), row(start + [5])], model) is None
+    assert SharedPrefix.of([row([7] + start), row(start + [5])], model) is None
+    model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
+    assert SharedPrefix.of([row(start + [30, 31]), row(start + [32])], model) is None
