@@ -39,15 +39,19 @@ def main() -> None:
     import torch
 
     from crl_harness.commands.demo import bf16_fallback
-    from crl_harness.config import load_config
+    from crl_harness.config import ConfigError, load_config
     from crl_harness.losses import grpo_loss
     from crl_harness.trainer import Trainer
     from crl_harness.training.batches import actor_rows
     from crl_harness.training.learner import SharedPrefix
 
     with tempfile.TemporaryDirectory(prefix="crl-update-bench-") as out:
-        cfg = load_config(args.config, [*bf16_fallback(), "arm=none", f"run.output_dir={out}/run",
-                                        "run.tensorboard=false", *args.set])
+        try:
+            cfg = load_config(args.config, [*bf16_fallback(), "arm=none",
+                                            f"run.output_dir={out}/run", "run.tensorboard=false",
+                                            *args.set])
+        except ConfigError as err:
+            parser.error(str(err))
         trainer = Trainer(cfg)
         learner = trainer.actor
         loss = functools.partial(grpo_loss, clip_eps=cfg.actor.clip_eps)

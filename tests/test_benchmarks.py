@@ -49,6 +49,19 @@ def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, scri
     assert not (tmp_path / "out").exists()  # stopped before writing anything
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--steps", "0"], "--steps and --repeats must be in 1..20"),
+    (["--repeats", "21"], "--steps and --repeats must be in 1..20"),
+    (["--set", "actor.no_such_key=1"], "no_such_key"),
+    (["--config", "no-such-config"], "no-such-config"),
+])
+def test_hardening_actor_update_bench_flags_are_usage_errors(flags, message):
+    done = subprocess.run([sys.executable, str(EFFICACY.parent / "actor_update_bench.py"), *flags],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
 def test_hardening_efficacy_stops_at_the_first_failed_run_and_names_it(tmp_path):
     done = subprocess.run(
         [sys.executable, str(EFFICACY), "--out", str(tmp_path), "--steps", "1", "--repeats", "2",
