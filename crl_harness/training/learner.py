@@ -264,8 +264,10 @@ class PolicyLearner:
             keep: int | torch.Tensor = K + 1
         else:
             keep = (width - K - 1 + columns).to(self.device)  # the logit before each target
+        rest = {"use_cache": False} if cache is None else {"past_key_values": cache,
+                                                           "use_cache": True}
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         past_key_values=cache, use_cache=cache is not None, logits_to_keep=keep)
+                         logits_to_keep=keep, **rest)
         logits = out.logits[:, :len(columns), :].float() / self.temperature
         columns = columns.to(self.device)
         targets = input_ids[:, width - K:].index_select(1, columns)
