@@ -88,41 +88,46 @@ def measure(cfg, extractor: str, dtype: str, count: int, samples: int) -> dict:
     ``cfg.extractor.temperature``; print and return, per label and case, how many answers were
     right, other and malformed."""
     from crl_harness.eval import wilson_interval
-    from crl_harness.models.registry import load_backend
+    from crl_harness.heldout import load_actor
 
-    backend = load_backend(extractor, dtype=dtype)
-    episodes = heldout_episodes(cfg, backend, count)
-    asked = [taught(e, cfg) for e in episodes]
-    prompts = [[{"role": "user", "content": prompt}] for prompt, _ in asked]
-    print(f"extractor quality: {extractor} ({dtype}) on {cfg.tasks.envs[0].id}, {count} "
-          f"episodes of the taught cases from held-out level {cfg.tasks.heldout_offset}",
-          flush=True)
-    results: dict[str, dict] = {}
-    for label, temperature, repeats in (("greedy", 0.0, 1),
-                                        (f"T={cfg.extractor.temperature}",
-                                         cfg.extractor.temperature, samples)):
-        started = time.perf_counter()
-        counts = {case: {"right": 0, "other": 0, "malformed": 0} for case in CASES}
-        examples = []
-        for _ in range(repeats):
-            answers = backend.generate(prompts, max_new_tokens=cfg.extractor.max_new_tokens,
-                                       temperature=temperature, top_p=cfg.extractor.top_p)
-            for episode, answer, (_, ops) in zip(episodes, answers, asked, strict=True):
-                kind = verdict(answer.text, int(episode.advice is not None), ops)
-                counts[case_of(episode)][kind] += 1
-                if kind != "right" and len(examples) < 3:
-                    examples.append(f"{case_of(episode)}: {answer.text[:150]!r}")
-        results[label] = {"counts": counts, "seconds": time.perf_counter() - started}
-        for case, row in counts.items():
-            n = sum(row.values())
-            if not n:
-                continue
-            low, high = wilson_interval(row["right"], n)
-            print(f"  {label:8s} {case:15s}: right {row['right']:3d}/{n} = "
-                  f"{100 * row['right'] / n:5.1f}% [{100 * low:.1f}, {100 * high:.1f}], other "
-                  f"{row['other']}, malformed {row['malformed']}", flush=True)
-        for text in examples:
-            print(f"    e.g. {text}")
+    # on the engine training distils with (extractor.rollout_engine): vLLM answered the 96
+    # prompts of 48 episodes in a fraction of transformers' time (benchmarks/RESULTS.md)
+    backend = load_actor(cfg, extractor, dtype, role="extractor")
+    try:
+        episodes = heldout_episodes(cfg, backend, count)
+        asked = [taught(e, cfg) for e in episodes]
+        prompts = [[{"role": "user", "content": prompt}] for prompt, _ in asked]
+        print(f"extractor quality: {extractor} ({dtype}) on {cfg.tasks.envs[0].id}, {count} "
+              f"episodes of the taught cases from held-out level {cfg.tasks.heldout_offset}",
+              flush=True)
+        results: dict[str, dict] = {}
+        for label, temperature, repeats in (("greedy", 0.0, 1),
+                                            (f"T={cfg.extractor.temperature}",
+                                             cfg.extractor.temperature, samples)):
+            started = time.perf_counter()
+            counts = {case: {"right": 0, "other": 0, "malformed": 0} for case in CASES}
+            examples = []
+            for _ in range(repeats):
+                answers = backend.generate(prompts, max_new_tokens=cfg.extractor.max_new_tokens,
+                                           temperature=temperature, top_p=cfg.extractor.top_p)
+                for episode, answer, (_, ops) in zip(episodes, answers, asked, strict=True):
+                    kind = verdict(answer.text, int(episode.advice is not None), ops)
+                    counts[case_of(episode)][kind] += 1
+                    if kind != "right" and len(examples) < 3:
+                        examples.append(f"{case_of(episode)}: {answer.text[:150]!r}")
+            results[label] = {"counts": counts, "seconds": time.perf_counter() - started}
+            for case, row in counts.items():
+                n = sum(row.values())
+                if not n:
+                    continue
+                low, high = wilson_interval(row["right"], n)
+                print(f"  {label:8s} {case:15s}: right {row['right']:3d}/{n} = "
+                      f"{100 * row['right'] / n:5.1f}% [{100 * low:.1f}, {100 * high:.1f}], other "
+                      f"{row['other']}, malformed {row['malformed']}", flush=True)
+            for text in examples:
+                print(f"    e.g. {text}")
+    finally:
+        backend.close()
     return results
 
 
@@ -137,23 +142,28 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "auto"),
                         help="the extractor's weights (default: the config's extractor.dtype, "
                              "what training samples with)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
+                        help="config overrides, e.g. extractor.rollout_engine=vllm")
     parser.add_argument("--out", default="runs/extractor-quality")
     args = parser.parse_args()
     for name, low, high in (("episodes", 4, 300), ("samples", 0, 8)):
         if not low <= getattr(args, name) <= high:
             parser.error(f"--{name} must be in {low}..{high}")
 
-    from crl_harness.config import load_config
+    from crl_harness.config import ConfigError, load_config
 
-    cfg = load_config(args.config)
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as err:
+        parser.error(str(err))
     extractor = args.extractor or cfg.starting_model("extractor")
     results = measure(cfg, extractor, args.dtype or cfg.extractor.dtype, args.episodes,
                       args.samples)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "extractor_quality.json").write_text(json.dumps(
-        {"extractor": extractor, "config": args.config, "episodes": args.episodes,
-         "results": results}, indent=2))
+        {"extractor": extractor, "config": args.config, "overrides": args.set,
+         "episodes": args.episodes, "results": results}, indent=2))
     print(f"wrote {out / 'extractor_quality.json'}")
 
 

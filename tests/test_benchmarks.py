@@ -39,6 +39,7 @@ QUALITY = Path(__file__).resolve().parents[1] / "benchmarks" / "extractor_qualit
     (QUALITY, ["--dtype", "int8"], "invalid choice: 'int8'"),
     (QUALITY, ["--episodes", "3"], "--episodes must be in 4..300"),
     (QUALITY, ["--episodes", "301"], "--episodes must be in 4..300"),
+    (QUALITY, ["--set", "extractor.rollout_engine=tgi"], "extractor.rollout_engine"),
 ])
 def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, script, flags,
                                                                  message):
