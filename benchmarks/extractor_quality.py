@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/extractor_quality.py              # cpu-demo, 48 episodes
     .venv/bin/python benchmarks/extractor_quality.py --extractor hf:RUN/checkpoints/.../extractor_hf
+    .venv/bin/python benchmarks/extractor_quality.py --dtype float32 --set extractor.rollout_engine=vllm
 
 On the config's first env and held-out levels (``tasks.heldout_offset``, never in a warm start)
 the scripted oracle plays the episodes the warm start teaches from

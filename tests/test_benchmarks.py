@@ -13,6 +13,7 @@ EFFICACY = Path(__file__).resolve().parents[1] / "benchmarks" / "efficacy.py"
 PILOT = Path(__file__).resolve().parents[1] / "benchmarks" / "pilot_curve.py"
 WARM = Path(__file__).resolve().parents[1] / "benchmarks" / "warmstart_heldout.py"
 QUALITY = Path(__file__).resolve().parents[1] / "benchmarks" / "extractor_quality.py"
+LATENCY = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_step_latency.py"
 
 
 @pytest.mark.parametrize(("script", "flags", "message"), [
@@ -40,6 +41,13 @@ QUALITY = Path(__file__).resolve().parents[1] / "benchmarks" / "extractor_qualit
     (QUALITY, ["--episodes", "3"], "--episodes must be in 4..300"),
     (QUALITY, ["--episodes", "301"], "--episodes must be in 4..300"),
     (QUALITY, ["--set", "extractor.rollout_engine=tgi"], "extractor.rollout_engine"),
+    (LATENCY, ["--batches", "0"], "--batches takes 1..8 sizes, each in 1..256"),
+    (LATENCY, ["--batches", *["1"] * 9], "--batches takes 1..8 sizes, each in 1..256"),
+    (LATENCY, ["--context", "5000"], "--context must be in 16..4096"),
+    (LATENCY, ["--new-tokens", "0"], "--new-tokens must be in 1..512"),
+    (LATENCY, ["--repeats", "11"], "--repeats must be in 1..10"),
+    (LATENCY, ["--batches", "256", "--context", "4096"], "must fit actor.kv_cache_tokens"),
+    (LATENCY, ["--set", "actor.no_such_key=1"], "no_such_key"),
 ])
 def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, script, flags,
                                                                  message):

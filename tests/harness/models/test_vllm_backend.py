@@ -169,3 +169,32 @@ def test_heldout_levels_play_on_the_configs_engine_with_its_kv_budget(tmp_path, 
     assert hf_key != cached and heldout.cache_file(
         tmp_path / "cache", heldout.model_hash(f"hf:{tiny}"), cfg.tasks.envs[0], seeds, rollout,
         "float32", "vllm") == cached
+
+
+def test_load_actor_plays_each_role_on_its_own_engine_and_kv_cache(tmp_path):
+    """``extractor_quality.py`` loads the extractor as training distils with it: the role's
+    ``rollout_engine`` and KV cache, whatever the actor's."""
+    from crl_harness import heldout
+    from crl_harness.config import load_config
+    from crl_harness.models.tiny import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "model")
+    cfg = load_config(None, [f"actor.model=hf:{tiny}", "actor.kv_cache_tokens=3000",
+                             "extractor.rollout_engine=vllm", "extractor.kv_cache_tokens=2000"])
+    actor = heldout.load_actor(cfg, f"hf:{tiny}", "float32")
+    try:
+        assert type(actor).__name__ == "HFBackend" and actor.kv_cache_tokens == 3000
+    finally:
+        actor.close()
+    extractor = heldout.load_actor(cfg, f"hf:{tiny}", "float32", role="extractor")
+    try:
+        assert type(extractor).__name__ == "VLLMBackend"
+        assert extractor.generate(CHATS[:1], max_new_tokens=4, temperature=0.0)[0].token_ids
+    finally:
+        extractor.close()
+    hf_cfg = load_config(None, [f"actor.model=hf:{tiny}", "actor.kv_cache_tokens=3000"])
+    extractor = heldout.load_actor(hf_cfg, f"hf:{tiny}", "float32", role="extractor")
+    try:  # the extractor's null KV cache is the actor's
+        assert type(extractor).__name__ == "HFBackend" and extractor.kv_cache_tokens == 3000
+    finally:
+        extractor.close()
