@@ -33,6 +33,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -145,29 +146,45 @@ def _at(tree: object, key: str) -> object:
     return tree
 
 
+def _stopped(signum: int, frame: object) -> None:
+    raise SystemExit(f"efficacy: stopped by signal {signum}; the runs still training were "
+                     "stopped (finished runs stay in --out: --reuse reads them)")
+
+
 def train_all(runs: list[tuple[str, int]], args: argparse.Namespace, out: Path,
               overrides: list[str]) -> None:
     """Train every (arm, seed) run, ``args.jobs`` at a time, each in a fresh process (nothing of
-    one run's memory stays for the next); the first run that fails stops the others."""
+    one run's memory stays for the next); the first run that fails stops the others, and so
+    does a SIGTERM to this process (``timeout``, ``kill``), which the runs would otherwise
+    outlive (Ctrl-C reaches them with the process group)."""
     context = multiprocessing.get_context("spawn")
     waiting, running = list(runs), {}
-    while waiting or running:
-        while waiting and len(running) < args.jobs:
-            arm, seed = waiting.pop(0)
-            process = context.Process(target=run_arm, name=f"the {arm} run of seed {seed}",
-                                      args=(args.eval_levels, args.extractor_quality,
-                                            args.config, arm, args.actor, seed,
-                                            args.steps, out, overrides))
-            process.start()
-            running[process.sentinel] = process
-        for sentinel in multiprocessing.connection.wait(list(running)):
-            process = running.pop(sentinel)
-            process.join()
-            if process.exitcode != 0:
-                for other in running.values():
-                    other.terminate()
-                raise SystemExit(f"efficacy: {process.name} failed (exit code {process.exitcode}, "
-                                 "its error above); the runs still training were stopped")
+    previous = signal.signal(signal.SIGTERM, _stopped)
+    try:
+        while waiting or running:
+            while waiting and len(running) < args.jobs:
+                arm, seed = waiting.pop(0)
+                process = context.Process(target=run_arm, name=f"the {arm} run of seed {seed}",
+                                          args=(args.eval_levels, args.extractor_quality,
+                                                args.config, arm, args.actor, seed,
+                                                args.steps, out, overrides))
+                process.start()
+                running[process.sentinel] = process
+            for sentinel in multiprocessing.connection.wait(list(running)):
+                process = running.pop(sentinel)
+                process.join()
+                if process.exitcode != 0:
+                    raise SystemExit(f"efficacy: {process.name} failed (exit code "
+                                     f"{process.exitcode}, its error above); the runs still "
+                                     "training were stopped")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for process in running.values():
+            process.terminate()
+        for process in running.values():
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
 
 
 def pooled_curve(runs: list[list[dict]], part: str) -> list[dict]:

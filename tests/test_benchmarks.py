@@ -71,6 +71,47 @@ def test_hardening_actor_update_bench_flags_are_usage_errors(flags, message):
     assert message in done.stderr
 
 
+def test_hardening_efficacy_sigterm_stops_the_run_it_spawned(tmp_path):
+    """``timeout`` or ``kill`` sends SIGTERM to efficacy.py alone: the run it is training (a
+    process of its own, gigabytes with a real model) stops with it instead of training on."""
+    import signal
+    import time
+
+    import psutil
+
+    from crl_harness.models.tiny import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    parent = subprocess.Popen(
+        [sys.executable, str(EFFICACY), "--out", str(tmp_path / "out"), "--steps", "10000",
+         "--repeats", "1", "--arms", "none", "--eval-levels", "1", "--set",
+         f"actor.model=hf:{tiny}", "actor.lora.init_from=null", "actor.dtype=float32",
+         "tasks.group_size=2", "tasks.guided_per_group=1", "tasks.groups_per_step=1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "out" / "none-seed0" / "metrics.jsonl").exists():
+            assert parent.poll() is None, parent.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "the run never trained a step"
+            time.sleep(0.5)
+        runs.extend(psutil.Process(parent.pid).children(recursive=True))
+        assert runs
+        parent.send_signal(signal.SIGTERM)
+        _, stderr = parent.communicate(timeout=60)
+        assert parent.returncode == 1
+        assert "efficacy: stopped by signal" in stderr and "Traceback" not in stderr
+        gone, alive = psutil.wait_procs(runs, timeout=30)
+        assert not alive, f"still running: {alive}"
+    finally:  # nothing of this test outlives it, whatever failed
+        parent.kill()
+        for process in runs:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
 def test_hardening_efficacy_stops_at_the_first_failed_run_and_names_it(tmp_path):
     done = subprocess.run(
         [sys.executable, str(EFFICACY), "--out", str(tmp_path), "--steps", "1", "--repeats", "2",
