@@ -88,47 +88,52 @@ def measure(cfg, extractor: str, dtype: str, count: int, samples: int) -> dict:
     ``extractor`` (a model spec) for each one's operations, greedy and ``samples`` times at
     ``cfg.extractor.temperature``; print and return, per label and case, how many answers were
     right, other and malformed."""
-    from crl_harness.eval import wilson_interval
     from crl_harness.heldout import load_actor
 
     # on the engine training distils with (extractor.rollout_engine): vLLM answered the 96
-    # prompts of 48 episodes in a fraction of transformers' time (benchmarks/RESULTS.md)
+    # prompts of 48 episodes in half of transformers' time (benchmarks/RESULTS.md)
     backend = load_actor(cfg, extractor, dtype, role="extractor")
     try:
-        episodes = heldout_episodes(cfg, backend, count)
-        asked = [taught(e, cfg) for e in episodes]
-        prompts = [[{"role": "user", "content": prompt}] for prompt, _ in asked]
-        print(f"extractor quality: {extractor} ({dtype}) on {cfg.tasks.envs[0].id}, {count} "
-              f"episodes of the taught cases from held-out level {cfg.tasks.heldout_offset}",
-              flush=True)
-        results: dict[str, dict] = {}
-        for label, temperature, repeats in (("greedy", 0.0, 1),
-                                            (f"T={cfg.extractor.temperature}",
-                                             cfg.extractor.temperature, samples)):
-            started = time.perf_counter()
-            counts = {case: {"right": 0, "other": 0, "malformed": 0} for case in CASES}
-            examples = []
-            for _ in range(repeats):
-                answers = backend.generate(prompts, max_new_tokens=cfg.extractor.max_new_tokens,
-                                           temperature=temperature, top_p=cfg.extractor.top_p)
-                for episode, answer, (_, ops) in zip(episodes, answers, asked, strict=True):
-                    kind = verdict(answer.text, int(episode.advice is not None), ops)
-                    counts[case_of(episode)][kind] += 1
-                    if kind != "right" and len(examples) < 3:
-                        examples.append(f"{case_of(episode)}: {answer.text[:150]!r}")
-            results[label] = {"counts": counts, "seconds": time.perf_counter() - started}
-            for case, row in counts.items():
-                n = sum(row.values())
-                if not n:
-                    continue
-                low, high = wilson_interval(row["right"], n)
-                print(f"  {label:8s} {case:15s}: right {row['right']:3d}/{n} = "
-                      f"{100 * row['right'] / n:5.1f}% [{100 * low:.1f}, {100 * high:.1f}], other "
-                      f"{row['other']}, malformed {row['malformed']}", flush=True)
-            for text in examples:
-                print(f"    e.g. {text}")
+        return _ask(cfg, backend, extractor, dtype, count, samples)
     finally:
         backend.close()
+
+
+def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int) -> dict:
+    from crl_harness.eval import wilson_interval
+
+    episodes = heldout_episodes(cfg, backend, count)
+    asked = [taught(e, cfg) for e in episodes]
+    prompts = [[{"role": "user", "content": prompt}] for prompt, _ in asked]
+    print(f"extractor quality: {extractor} ({dtype}) on {cfg.tasks.envs[0].id}, {count} "
+          f"episodes of the taught cases from held-out level {cfg.tasks.heldout_offset}",
+          flush=True)
+    results: dict[str, dict] = {}
+    for label, temperature, repeats in (("greedy", 0.0, 1),
+                                        (f"T={cfg.extractor.temperature}",
+                                         cfg.extractor.temperature, samples)):
+        started = time.perf_counter()
+        counts = {case: {"right": 0, "other": 0, "malformed": 0} for case in CASES}
+        examples = []
+        for _ in range(repeats):
+            answers = backend.generate(prompts, max_new_tokens=cfg.extractor.max_new_tokens,
+                                       temperature=temperature, top_p=cfg.extractor.top_p)
+            for episode, answer, (_, ops) in zip(episodes, answers, asked, strict=True):
+                kind = verdict(answer.text, int(episode.advice is not None), ops)
+                counts[case_of(episode)][kind] += 1
+                if kind != "right" and len(examples) < 3:
+                    examples.append(f"{case_of(episode)}: {answer.text[:150]!r}")
+        results[label] = {"counts": counts, "seconds": time.perf_counter() - started}
+        for case, row in counts.items():
+            n = sum(row.values())
+            if not n:
+                continue
+            low, high = wilson_interval(row["right"], n)
+            print(f"  {label:8s} {case:15s}: right {row['right']:3d}/{n} = "
+                  f"{100 * row['right'] / n:5.1f}% [{100 * low:.1f}, {100 * high:.1f}], other "
+                  f"{row['other']}, malformed {row['malformed']}", flush=True)
+        for text in examples:
+            print(f"    e.g. {text}")
     return results
 
 

@@ -72,9 +72,9 @@ def main() -> None:
 
     rng = random.Random(0)
     backend = load_actor(cfg, cfg.starting_model(), cfg.actor.dtype)
+    vocab = len(backend.tokenizer)
 
     def fresh(n: int) -> list[list[int]]:
-        vocab = len(backend.tokenizer)
         return [[rng.randrange(vocab) for _ in range(args.context)] for _ in range(n)]
 
     try:

@@ -90,6 +90,7 @@ def test_hardening_efficacy_sigterm_stops_the_run_it_spawned(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     runs = []
     try:
+        # the run is another process: its first metrics line is the sign it trains, polled
         deadline = time.monotonic() + 120
         while not (tmp_path / "out" / "none-seed0" / "metrics.jsonl").exists():
             assert parent.poll() is None, parent.communicate()[1][-2000:]
