@@ -4,6 +4,11 @@ experience (plain GRPO), from the same warm start and the same task seeds.
     .venv/bin/python benchmarks/efficacy.py                      # cpu-demo, 3 arms x 3 seeds
     .venv/bin/python benchmarks/efficacy.py --steps 2 --repeats 1 --arms co-evolve none
 
+2 seeds x 3 arms x 6 steps at 16 episodes a step took 76 min on 2 cores (benchmarks/RESULTS.md):
+``--steps 6 --repeats 2 --eval-levels 64 --set actor.rollout_engine=vllm
+extractor.rollout_engine=vllm tasks.group_size=4 tasks.guided_per_group=2
+experience.max_concurrent_extractions=8``.
+
 For each arm and repeat it trains a fresh run into ``--out`` (default a fresh
 ``runs/efficacy-TIMESTAMP``; ``--config``, default ``cpu-demo``, whose actor and extractor start
 from the shipped warm start; ``--set key=value`` overrides every arm), reads its
