@@ -12,8 +12,8 @@ log-prob): one token (the prefill), then ``--new-tokens`` more with the end-of-s
 ignored, from the same prompts (in the prefix cache by then, all but a last partial block): that
 call over ``--new-tokens`` is the decode step; median of ``--repeats``.
 A rollout step plays its episodes' turns in lockstep, so its time is about turns x (prefill of
-the new tokens + the longest reply's decode steps): where a decode step costs nearly the same
-for 1 sequence as for 32, the episode count matters little.
+the new tokens + the longest reply's decode steps): where a decode step of 18 sequences costs
+nearly what one of 32 does, the episode count matters little.
 """
 
 from __future__ import annotations
