@@ -57,6 +57,22 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+@contextlib.contextmanager
+def _merged_adapter(adapter: Path) -> Iterator[str]:
+    """A LoRA adapter merged into its base, in fp32, as a plain checkpoint in a temporary folder
+    that is removed on leaving the block."""
+    import tempfile
+
+    from crl_harness.models.hf import HFBackend
+
+    merged = HFBackend(adapter, dtype="float32", kv_reuse=False, device="cpu")
+    with tempfile.TemporaryDirectory(prefix="crl-merged-") as folder:
+        merged.model.save_pretrained(folder)
+        merged.tokenizer.save_pretrained(folder)
+        merged.close()
+        yield folder
+
+
 class VLLMBackend:
     """A vLLM engine behind the ``ModelBackend`` protocol.
 
@@ -81,43 +97,49 @@ class VLLMBackend:
                 f"vllm:{path}: no such local checkpoint; give a model directory or a short name "
                 "such as smollm2-135m."
             )
-        self._merged = None
-        if (Path(path).expanduser() / "adapter_config.json").is_file():
-            path = self._merge_adapter(Path(path).expanduser())
-        if kv_cache_tokens is not None or max_context is None:
-            kv_cache_gib, max_context = self._sizes(Path(path).expanduser(), dtype, kv_cache_tokens,
-                                                    kv_cache_gib, max_context)
-        # In-process engine: load_weights hands the tensors to the worker without serialising them.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        # each engine its own size (a trainer may start two), unless the user set one for all
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = _USER_KV_SPACE or str(kv_cache_gib)
-        import torch
-        from vllm import LLM
+        path = source = Path(path).expanduser()
+        # vLLM loads checkpoints, not adapters: an adapter is merged into its base, in a folder that
+        # lives only while the engine loads it (vLLM reads nothing from it afterwards), so a
+        # killed run leaves no 0.5 GB copy in the temporary folder
+        with contextlib.ExitStack() as staging:
+            if (path / "adapter_config.json").is_file():
+                path = Path(staging.enter_context(_merged_adapter(path)))
+            if kv_cache_tokens is not None or max_context is None:
+                kv_cache_gib, max_context = self._sizes(path, dtype, kv_cache_tokens,
+                                                        kv_cache_gib, max_context)
+            # In-process engine: load_weights hands the tensors to the worker without serialising
+            # them.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            # each engine its own size (a trainer may start two), unless the user set one for all
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = _USER_KV_SPACE or str(kv_cache_gib)
+            import torch
+            from vllm import LLM
 
-        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
-        try:
-            self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_context, seed=seed,
-                           logprobs_mode="processed_logprobs", enforce_eager=True, **engine_args)
-        except Exception as err:  # noqa: BLE001 - vLLM fails in many library types
-            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-            raise BackendUnavailableError(
-                f"vLLM could not start an engine for {path}: {type(err).__name__}: "
-                f"{' '.join(lines[:2])[:400]}. Check the model folder, max_context against the "
-                "model's context, and free memory (VLLM_CPU_KVCACHE_SPACE on a CPU, "
-                "gpu_memory_utilization on a GPU)."
-            ) from err
-        finally:
-            # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process
-            # and may drop torch to one thread: both are put back, or everything else in this
-            # process (a trainer's learner, run.torch_threads) would run on one core.
-            torch.set_num_threads = set_threads
-            torch.set_num_threads(threads)
+            threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+            try:
+                self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_context,
+                               seed=seed, logprobs_mode="processed_logprobs", enforce_eager=True,
+                               **engine_args)
+            except Exception as err:  # noqa: BLE001 - vLLM fails in many library types
+                lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+                raise BackendUnavailableError(
+                    f"vLLM could not start an engine for {path}: {type(err).__name__}: "
+                    f"{' '.join(lines[:2])[:400]}. Check the model folder, max_context against "
+                    "the model's context, and free memory (VLLM_CPU_KVCACHE_SPACE on a CPU, "
+                    "gpu_memory_utilization on a GPU)."
+                ) from err
+            finally:
+                # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
+                # process and may drop torch to one thread: both are put back, or everything else
+                # in this process (a trainer's learner, run.torch_threads) would run on one core.
+                torch.set_num_threads = set_threads
+                torch.set_num_threads(threads)
         self.threads = threads
         self.tokenizer = self.llm.get_tokenizer()
         from vllm.platforms import current_platform
 
         self._on_cpu = current_platform.is_cpu()
-        self.name = f"vllm:{path}"
+        self.name = f"vllm:{source}"
         self.max_context = max_context
         self.stop_ids = stop_token_ids(self.tokenizer)
 
@@ -139,20 +161,6 @@ class VLLMBackend:
             kv_cache_gib = engine_kv_gib(KVLayout.of(config), kv_cache_tokens,
                                          getattr(torch, name.removeprefix("torch.")))
         return kv_cache_gib, max_context
-
-    def _merge_adapter(self, adapter: Path) -> str:
-        """A LoRA adapter (e.g. a warm start) merged into its base, in fp32, as a plain checkpoint
-        in a temporary folder that ``close`` removes: vLLM loads checkpoints, not adapters."""
-        import tempfile
-
-        from crl_harness.models.hf import HFBackend
-
-        merged = HFBackend(adapter, dtype="float32", kv_reuse=False, device="cpu")
-        self._merged = tempfile.TemporaryDirectory(prefix="crl-merged-")
-        merged.model.save_pretrained(self._merged.name)
-        merged.tokenizer.save_pretrained(self._merged.name)
-        merged.close()
-        return self._merged.name
 
     @contextlib.contextmanager
     def _engine_call(self) -> Iterator[None]:
@@ -245,5 +253,3 @@ class VLLMBackend:
 
     def close(self) -> None:
         self.llm = None  # type: ignore[assignment]
-        if self._merged is not None:
-            self._merged.cleanup()

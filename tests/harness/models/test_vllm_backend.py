@@ -95,7 +95,9 @@ def test_vllm_seeded_sampling_repeats_on_long_batches(models):
 def test_vllm_merges_an_adapter_and_starts_after_the_bank_was_imported(tmp_path):
     """A LoRA adapter folder (a warm start) is merged into its base for vLLM, and the engine
     starts in a process that imported the experience bank (bm25s once pulled in Numba, whose
-    llvmlite wrappers broke vLLM's start-up scan of modules)."""
+    llvmlite wrappers broke vLLM's start-up scan of modules). The merged copy is removed once the
+    engine has started, so a run killed later leaves none in the temporary folder."""
+    import os
     import subprocess
     import sys
 
@@ -119,11 +121,15 @@ def test_vllm_merges_an_adapter_and_starts_after_the_bank_was_imported(tmp_path)
         "from crl_harness.models.vllm import VLLMBackend\n"
         f"chats = {CHATS!r}\n"
         "engine = VLLMBackend(sys.argv[1], dtype='float32', max_context=512, kv_cache_gib=1)\n"
+        "import tempfile, pathlib\n"
+        "assert not list(pathlib.Path(tempfile.gettempdir()).glob('crl-merged-*'))\n"
         "hf = HFBackend(sys.argv[1])\n"
         "print(json.dumps([[g.token_ids for g in b.generate(chats, max_new_tokens=4, "
         "temperature=0.0)] for b in (engine, hf)]))\n")
+    (tmp_path / "tmp").mkdir()
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "adapter")],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
     assert done.returncode == 0, done.stderr[-3000:]
     import json
 

@@ -41,7 +41,9 @@ def _greedy_is_the_learners(engine_generations, merged_dir) -> None:
 @pytest.mark.slow
 @skip_without_vllm
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_synced_engine_runs_the_learners_weights_after_an_update(tmp_path, lora):
+def test_synced_engine_runs_the_learners_weights_after_an_update(tmp_path, lora, monkeypatch):
+    import tempfile
+
     from crl_harness.config import LoRAConfig
     from crl_harness.models import HFBackend
     from crl_harness.training.learner import PolicyLearner, TrainingRow
@@ -52,9 +54,15 @@ def test_synced_engine_runs_the_learners_weights_after_an_update(tmp_path, lora)
     learner = PolicyLearner(hf.model, lr=0.05, max_grad_norm=1e9, temperature=1.0,
                             micro_batch_size=8, recompute_old_logprobs=True,
                             lora=LoRAConfig(enabled=True, r=8, alpha=16) if lora else None)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     engine = SyncedVLLM(learner, hf.tokenizer, max_context=512,
                         kv_cache_tokens=4096, seed=0)
     try:
+        # the start-up copy of the weights is gone once the engine runs: a run killed later
+        # leaves none behind
+        assert not list(scratch.glob("crl-vllm-weights-*"))
         before = engine.backend.generate(PROMPTS, max_new_tokens=6, temperature=0.0)
         learner.save_merged(tmp_path / "start")
         hf.tokenizer.save_pretrained(tmp_path / "start")
