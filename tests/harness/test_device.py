@@ -276,8 +276,15 @@ def test_one_trainer_step_in_bf16_changes_the_weights(tiny, tmp_path, device, al
     assert metrics["grad_norm/actor"] > 0.0
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     # bf16 rollouts: the learner recomputes the old log-probs and the metrics report its gap to
-    # the sampler's
-    assert metrics["actor/logprob_gap_max"] >= metrics["actor/logprob_gap_mean"] > 0.0
+    # the sampler's, within the bound
+    assert trainer.actor.recompute_old_logprobs
+    gap_mean, gap_max = metrics["actor/logprob_gap_mean"], metrics["actor/logprob_gap_max"]
+    assert 0.0 <= gap_mean <= gap_max and gap_mean < cfg.actor.max_logprob_gap
+    assert metrics["actor/logprob_gap_over_bound"] == 0.0
+    if device == "cpu":
+        # oneDNN's bf16 kernels for one decoded token and for a whole sequence round apart; on
+        # CUDA the tiny model's sampler and learner agreed bit for bit (gap 0.0 on an H200)
+        assert gap_mean > 0.0
 
 
 @pytest.mark.parametrize("device", DEVICES)
