@@ -214,6 +214,7 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
     and between arms (pairs: level x seed), and guided against free inside training's groups."""
     from crl_harness.eval import PairedDifference, format_paired, format_rate, paired_difference
     from crl_harness.heldout import default_cache, evaluate_levels
+    from crl_harness.training.metrics import PAIR_SETS, pooled_pairs
 
     warm_cfg = run_config(args.config, args.arms[0], args.actor, args.seed, args.steps, out,
                           overrides)
@@ -234,7 +235,8 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
     by_arm = {arm: {seed: heldout[arm, seed] for seed in seeds} for arm in args.arms}
     warm_by_seed = {seed: warm for seed in seeds}  # greedy: the warm start plays each level once
     report: dict = {"eval_levels": args.eval_levels, "warm_start": warm, "arms": {},
-                    "between_arms": {}, "guided_vs_free": {}}
+                    "between_arms": {}, "guided_vs_free": {}, "guided_vs_free/revisits": {},
+                    "guided_vs_free/first visits": {}, "lessons_replayed": {}}
     print(f"\nheld-out success, {args.eval_levels} levels x {len(seeds)} seed(s), greedy, no "
           "bank; [95% Wilson interval]; paired differences [95% CI], McNemar's exact p")
     print(f"  warm start: {format_rate(sum(warm.values()), len(warm))}")
@@ -249,19 +251,28 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
             report["between_arms"][f"{b} - {a}"] = d.to_dict()
             print(f"  {b} - {a}: {format_paired(d, a, b)}")
     print("\nguided against free inside the same training groups (slot by slot, steps and seeds "
-          "pooled)")
+          "pooled), on every group, on revisits (the bank may hold the level's lesson) and on "
+          "first visits (it cannot)")
     for arm, arm_runs in results.items():
         if arm == "none":
             continue
-        counts = {key: sum(int(r.get(f"pairs/{key}", 0)) for run in arm_runs for r in run)
-                  for key in ("guided_free", "free_wins", "guided_wins", "free_only",
-                              "guided_only")}
-        d = PairedDifference(n=counts["guided_free"], a_wins=counts["free_wins"],
-                             b_wins=counts["guided_wins"], only_a=counts["free_only"],
-                             only_b=counts["guided_only"])
-        report["guided_vs_free"][arm] = d.to_dict()
-        print(f"  {arm}: guided {format_rate(d.b_wins, d.n)}, free {format_rate(d.a_wins, d.n)}; "
-              f"guided - free {format_paired(d, 'free', 'guided')}")
+        records = [r for run in arm_runs for r in run]
+        for where, prefix in PAIR_SETS.items():
+            d = pooled_pairs(records, prefix)
+            report["guided_vs_free" if where == "all" else f"guided_vs_free/{where}"][arm] = \
+                d.to_dict()
+            print(f"  {arm}, {where}: guided {format_rate(d.b_wins, d.n)}, free "
+                  f"{format_rate(d.a_wins, d.n)}; guided - free "
+                  f"{format_paired(d, 'free', 'guided')}")
+        replayed = [r["lessons/replay_win_rate"] for r in records
+                    if r.get("lessons/handed") and r.get("lessons/replay_win_rate") == r.get(
+                        "lessons/replay_win_rate")]
+        handed = [r["lessons/handed"] for r in records if r.get("lessons/handed")]
+        if handed:
+            wins = sum(h * w for h, w in zip(handed, replayed, strict=False))
+            report["lessons_replayed"][arm] = {"handed": sum(handed), "win": wins}
+            print(f"  {arm}: handed lessons that win replayed without a model: "
+                  f"{format_rate(round(wins), round(sum(handed)))}")
     return report
 
 

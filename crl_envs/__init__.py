@@ -16,7 +16,7 @@ from gymnasium.envs.registration import WrapperSpec, load_env_creator, register,
 from crl_envs.base import TEXT_CHARSET, TextEnv, Transition
 
 __all__ = ["TEXT_CHARSET", "TextEnv", "Transition", "ENV_IDS", "MAX_EPISODE_STEPS", "RIVER_STEPS",
-           "register_envs", "env_keywords", "check_make_kwargs"]
+           "register_envs", "env_keywords", "check_make_kwargs", "exact_retrieval_key"]
 
 # Hands gym.make's max_episode_steps to envs that act on their last step (applied after
 # TimeLimit): ALFWorld's -1 budget, SWE-bench's forced submission.
@@ -78,6 +78,19 @@ def env_keywords(env_id: str) -> set[str] | None:
         return None
     named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     return named | {"max_episode_steps"}
+
+
+def exact_retrieval_key(env_id: str) -> bool:
+    """Whether ``env_id``'s ``info["retrieval_query"]`` names the level exactly (its env class
+    declares ``metadata["retrieval_key"] = "exact"``: MiniHack's start cell and view, Sokoban's
+    layout), so that an entry without every word of the key is another level's.
+
+    >>> exact_retrieval_key("CRL/Sokoban-v0"), exact_retrieval_key("CRL/WebShop-v0")
+    (True, False)
+    """
+    entry_point = registry[env_id].entry_point
+    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    return getattr(creator, "metadata", {}).get("retrieval_key") == "exact"
 
 
 def check_make_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> None:

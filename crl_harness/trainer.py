@@ -51,7 +51,12 @@ import numpy as np
 import torch
 
 from crl_harness.config import TrainConfig, config_to_dict, updated_lesson_steps
-from crl_harness.experience import DistillationRequest, GenerationReward, credit_episodes
+from crl_harness.experience import (
+    DistillationRequest,
+    GenerationReward,
+    credit_episodes,
+    episodes_to_distill,
+)
 from crl_harness.losses import cispo_loss, extractor_advantages, grpo_loss, sequence_token_weights
 from crl_harness.models import load_backend
 from crl_harness.rollout import EpisodeSpec
@@ -66,10 +71,11 @@ from crl_harness.training.checkpoint import (
 )
 from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats
+from crl_harness.training.lesson_replay import LessonReplay
 from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
 from crl_harness.training.placement import LocalPlacement, Placement
 from crl_harness.training.run_directory import ResumeError, RunDirectory, RunDirectoryError
-from crl_harness.training.sampler import TaskSampler
+from crl_harness.training.sampler import TaskDraw, TaskSampler
 from crl_harness.training.step_metrics import step_metrics
 
 __all__ = ["Trainer", "ResumeError", "RunDirectoryError"]
@@ -162,6 +168,9 @@ class Trainer:
             self.experience = self.placement.experience(cfg, self.run_dir, extractor_backend,
                                                         spec, self.extractor)
         self.rollouts = self.placement.rollouts(cfg, self.actor_backend, self.experience)
+        self.lesson_replay = LessonReplay({e.id: dict(e.kwargs) for e in cfg.tasks.envs},
+                                          {e.id: dict(e.options) for e in cfg.tasks.envs}) \
+            if cfg.uses_experience else None
         self.sampler = TaskSampler(cfg.tasks, cfg.run.seed)
         self.awaiting_training = 0  # used extractor generations not trained yet
         self.counters: dict[str, float] = defaultdict(float)
@@ -217,7 +226,8 @@ class Trainer:
         retrieving = step > cfg.retrieval_warmup
         actor_frozen = step <= cfg.actor_warmup
         t0 = time.perf_counter()
-        specs = self._episode_specs(step, retrieve=retrieving)
+        draws = self.sampler.sample(step)
+        specs = self._episode_specs(draws, retrieve=retrieving)
         results = self.rollouts.run(specs)
         trajectories = [t for t in results if not t.error]
         times["rollout"] = time.perf_counter() - t0
@@ -225,16 +235,15 @@ class Trainer:
             credit_episodes(self.experience.manager, trajectories,
                             relative=cfg.experience.credit == "relative")
 
-        # 3. Finished trajectories of the guided slots go to the Experience Manager at once: their
-        #    distillation runs in the background while the actor trains (the two tracks of
-        #    docs/method.md); during the retrieval warm-up they played without experience, and
-        #    fill the bank.
+        # 3. The finished trajectories that teach go to the Experience Manager at once, at most
+        #    one per guided slot of a group: those shown a lesson and the shortest win, free or
+        #    guided (``episodes_to_distill``); their distillation runs in the background while
+        #    the actor trains (the two tracks of docs/method.md).
         if self.experience is not None:
-            for t in results:
-                if t.guided and not t.error:
-                    self.experience.manager.submit(DistillationRequest(
-                        t.env_id, t.task, t.transcript, t.won, t.score, list(t.experience_ids),
-                        step))
+            for t in episodes_to_distill(trajectories, cfg.tasks.guided_per_group):
+                self.experience.manager.submit(DistillationRequest(
+                    t.env_id, t.task, t.transcript, t.won, t.score, list(t.experience_ids),
+                    step, t.retrieval_key or t.task))
 
         # 4. Actor: GRPO with advantages inside each subgroup, frozen during its warm-up.
         t0 = time.perf_counter()
@@ -254,7 +263,8 @@ class Trainer:
         times["extractor_update"] = time.perf_counter() - t0
 
         # 6. Merge pass over every partition of the bank.
-        if self.experience is not None and step % cfg.experience.merge_every == 0:
+        if self.experience is not None and cfg.experience.merge_every \
+                and step % cfg.experience.merge_every == 0:
             self.counters["bank/merge_chunks"] += self.experience.manager.merge_pass()
 
         # 7. New weights reach the rollout backend and the extractor's generator.
@@ -268,7 +278,10 @@ class Trainer:
             cfg, trajectories, actor_stats, extractor_stats, times,
             experience_stats=manager.stats() if manager is not None else None,
             awaiting_training=self.awaiting_training, packed_fraction=packed_fraction,
-            counters=self.counters)
+            counters=self.counters,
+            revisits={index for index, draw in enumerate(draws) if draw.revisit})
+        if self.lesson_replay is not None:  # M-b: do the handed lessons win replayed?
+            metrics.update(self.lesson_replay.step_metrics(trajectories))
         metrics["actor/warmup"] = float(actor_frozen)
         if self.experience is not None:
             metrics["experience/warmup"] = float(not retrieving)
@@ -287,7 +300,7 @@ class Trainer:
                     "learner's (a missed weight sync, or a lossy dtype)", stacklevel=2)
 
     # ================================================================== steps of the loop
-    def _episode_specs(self, step: int, retrieve: bool = True) -> list[EpisodeSpec]:
+    def _episode_specs(self, draws: list[TaskDraw], retrieve: bool = True) -> list[EpisodeSpec]:
         """G specs per drawn seed, in order; slot j < guided_per_group of a group is a guided
         one (``EpisodeSpec.guided``; it retrieves when ``retrieve``), the others free."""
         t = self.cfg.tasks
@@ -296,7 +309,7 @@ class Trainer:
             EpisodeSpec(draw.env_id, draw.seed, group_id=index, guided=j < guided,
                         use_experience=retrieve and j < guided,
                         options=dict(t.envs[draw.env_index].options) or None)
-            for index, draw in enumerate(self.sampler.sample(step))
+            for index, draw in enumerate(draws)
             for j in range(t.group_size)
         ]
 
@@ -381,6 +394,8 @@ class Trainer:
         self._closed = True
         try:
             self.rollouts.close()
+            if getattr(self, "lesson_replay", None) is not None:
+                self.lesson_replay.close()
             if self.experience is not None:
                 self.experience.close()
         finally:

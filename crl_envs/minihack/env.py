@@ -157,6 +157,9 @@ class MiniHackEnv(TextEnv):
         >>> env.close()
     """
 
+    # The retrieval key (start cell and what is in view) names the level exactly.
+    metadata = {**TextEnv.metadata, "retrieval_key": "exact"}
+
     def __init__(
         self,
         task: str = "room",

@@ -57,6 +57,9 @@ class SokobanEnv(TextEnv):
         (False, 0.0, False)
     """
 
+    # The retrieval key (the layout) names the level exactly.
+    metadata = {**TextEnv.metadata, "retrieval_key": "exact"}
+
     env_id = "CRL/Sokoban-v0"
 
     def __init__(

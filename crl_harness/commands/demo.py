@@ -191,6 +191,7 @@ def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any]) -> None
     from rich.table import Table
 
     from crl_harness.eval import format_paired, format_rate
+    from crl_harness.training.metrics import PAIR_SETS, pooled_pairs
 
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                if line.strip()]
@@ -207,6 +208,22 @@ def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any]) -> None
                       format_rate(d.b_wins, d.n), format_paired(d, "before", "after"))
     console = Console()
     console.print(table)
+    # Where experience acts: guided - free inside the training groups, on levels an earlier step
+    # played (the bank may hold their lesson) and on levels played first (it cannot).
+    pairs = Table(title="guided - free inside the training groups, steps pooled [paired 95% CI]")
+    for column in ("groups", "pairs", "guided", "free", "guided - free"):
+        pairs.add_column(column)
+    for where, prefix in PAIR_SETS.items():
+        d = pooled_pairs(metrics, prefix)
+        pairs.add_row(where, str(d.n), format_rate(d.b_wins, d.n), format_rate(d.a_wins, d.n),
+                      format_paired(d, "free", "guided"))
+    console.print(pairs)
+    handed = [(m["lessons/handed"], m["lessons/replay_win_rate"]) for m in metrics
+              if m.get("lessons/handed")]
+    if handed:
+        wins = round(sum(n * rate for n, rate in handed))
+        console.print(f"lessons handed to guided episodes that win when replayed without a "
+                      f"model: {format_rate(wins, round(sum(n for n, _ in handed)))}")
     last = metrics[-1] if metrics else {}
     curve = ", ".join(f"{m.get('success/all', float('nan')):.2f}" for m in metrics)
     console.print(

@@ -89,9 +89,24 @@ class TaskConfig:
     """an explicit pool of training seeds, drawn uniformly, instead of the range above (which is
     then unused), e.g. levels whose retrieval keys differ
     (``benchmarks/retrieval_oracle.py --print-seeds``)"""
+    schedule: str = choice("uniform", "revisit")
+    """how levels recur: ``uniform`` (each group's seed uniform over the pool, distinct within a
+    step) or ``revisit`` (step 1 all new levels; each later step ``new_per_step`` new ones and
+    revisits of the levels the previous step played first, so every level is played first
+    without a lesson and again once the bank may hold one: ``TaskSampler``)"""
+    new_per_step: Optional[int] = bounded(  # noqa: UP045 (OmegaConf reads typing.Optional)
+        None, ge=0, why="0: every step after the first only revisits")
+    """``revisit``: new levels a step after the first plays (the others revisit); null: half
+    the groups"""
     heldout_offset: int = bounded(50_000_000, ge=0)
     """held-out tasks for evaluation: seeds heldout_offset, heldout_offset+1, ... (the next
     HELDOUT_RESERVED seeds are kept out of training and the warm start)"""
+
+    def new_levels_per_step(self) -> int:
+        """``new_per_step``, or half the groups (rounded up) when null."""
+        if self.new_per_step is not None:
+            return self.new_per_step
+        return (self.groups_per_step + 1) // 2
 
     def training_seeds(self) -> Sequence[int]:
         """The training levels: ``seeds`` when listed, else the range (not listed out)."""
@@ -224,8 +239,9 @@ class ExperienceConfig:
     """entries retrieved per guided episode (released: top-1)"""
     capacity: int = bounded(20_000, ge=1)
     """bank entries, first-in-first-out eviction"""
-    merge_every: int = bounded(5, ge=1)
-    """actor steps between merge passes"""
+    merge_every: int = bounded(5, ge=0, why="0: no merge pass")
+    """actor steps between merge passes (0: none, for an extractor whose warm start taught no
+    merges: an untaught merge pass rewrites right lessons into wrong ones)"""
     max_concurrent_extractions: int = bounded(4, ge=1)
     """extractor calls the manager runs at once (they are batched into one generate call)"""
     retrieval: str = choice("bm25", "dense")
@@ -241,12 +257,15 @@ class ExperienceConfig:
     its top slot (released: 0.5)"""
     recency_window_s: float = bounded(300.0, ge=0)
     """re-rank: how long after its retrieval an entry counts as recently used (released: 300)"""
-    min_query_coverage: float = bounded(0.0, ge=0, le=1)
+    min_query_coverage: Optional[float] = bounded(  # noqa: UP045 (OmegaConf reads typing.Optional)
+        None, ge=0, le=1, why="null: 1 where the env's key is exact, else 0")
     """a floor before the re-rank: the share of the query's distinct words (``tokenize``'s) an
-    entry must contain to be retrieved; bm25 only (0: off, as released). Where the query is a
-    key that names the level (MiniHack's start cell and view), 1 hands a level without a lesson
-    of its own none, not the nearest other level's. Search-and-ask's questions pass the same
-    floor (a free question rarely has all its words in one entry); a query without words passes"""
+    entry must contain to be retrieved (0: off, as released). null (the default): 1 for the envs
+    whose key names the level exactly (MiniHack's start cell and view, Sokoban's layout:
+    ``crl_envs.exact_retrieval_key``), 0 for the others: a level without a lesson of its own gets
+    none, not the nearest other level's route (which cost its guided episodes 11-14 points), and
+    its guided episodes play as free ones. A number applies to every env (bm25 only).
+    Search-and-ask's questions pass the same floor; a query without words passes"""
     credit: str = choice("outcome", "relative")
     """what a guided episode credits the writers of its entries with: ``outcome`` (paper): its
     score, 0 counting as -1; ``relative``: its score minus the mean score of its group's free
@@ -369,6 +388,15 @@ class TrainConfig:
     @property
     def trains_extractor(self) -> bool:
         return self.arm == "co-evolve"
+
+    def exact_key_envs(self) -> tuple[str, ...]:
+        """The mixture's envs whose retrieval key names the level exactly
+        (``crl_envs.exact_retrieval_key``): ``experience.min_query_coverage: null`` floors
+        retrieval at their key."""
+        import crl_envs
+
+        return tuple(e.id for e in self.tasks.envs if e.id in crl_envs.ENV_IDS
+                     and crl_envs.exact_retrieval_key(e.id))
 
     def starting_model(self, role: str = "actor") -> str:
         """The model a run's ``role`` (``actor`` or ``extractor``) starts from, as a backend

@@ -108,10 +108,13 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             fail("tasks.seeds", f"seeds must be >= 0, got {min(t.seeds)}")
         if len(set(t.seeds)) != len(t.seeds):
             fail("tasks.seeds", "a seed is listed twice; list each level once")
+    if t.new_per_step is not None and t.new_per_step > t.groups_per_step:
+        fail("tasks.new_per_step", f"must be at most tasks.groups_per_step ({t.groups_per_step}), "
+             f"got {t.new_per_step}")
     e = cfg.experience
     if e.candidates < e.k:
         fail("experience.candidates", f"must be >= experience.k ({e.k}), got {e.candidates}")
-    if e.min_query_coverage > 0 and e.retrieval != "bm25":
+    if e.min_query_coverage and e.retrieval != "bm25":
         fail("experience.min_query_coverage", "counts the query's words in an entry, which "
              "only experience.retrieval: bm25 reads; set it 0 with dense retrieval")
     if cfg.arm == "none":

@@ -36,7 +36,7 @@ from crl_harness.experience.credit import (
     free_baselines,
     gated_credit,
 )
-from crl_harness.experience.distill import DistillationRequest, distill_prompt
+from crl_harness.experience.distill import DistillationRequest, distill_prompt, episodes_to_distill
 from crl_harness.experience.entries import (
     AddEntry,
     ApplyResult,
@@ -62,7 +62,7 @@ __all__ = [
     "episode_credit", "gated_credit", "entry_credit", "free_baselines", "credit_episodes",
     "AskAnswer", "AskRecord", "parse_ask", "CRITIC_SCORES", "GateVerdict", "parse_verdict",
     "DistillationRequest", "ExperienceManager", "ManagerConfig", "ReadWriteLock",
-    "distill_prompt",
+    "distill_prompt", "episodes_to_distill",
     "ParseLimits", "ParseResult", "parse_distillation", "parse_merge",
     "load_prompt", "RetrievalConfig", "diversity_rerank", "tokenize",
 ]

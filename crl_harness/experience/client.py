@@ -49,9 +49,11 @@ class ExperienceClient(Retriever, Protocol):
         ...
 
     def report_outcome(self, entry_ids: Sequence[str], score: float,
-                       critic: float | None = None, baseline: float | None = None) -> None:
-        """An episode shown ``entry_ids`` ended with ``score`` (``critic``: the gate's score of
-        them; ``baseline``: its group's free mean, for relative credit)."""
+                       critic: float | None = None, baseline: float | None = None,
+                       env_id: str = "", query: str = "") -> None:
+        """An episode of ``env_id`` that retrieved with ``query`` and was shown ``entry_ids``
+        ended with ``score`` (``critic``: the gate's score of them; ``baseline``: its group's
+        free mean, for relative credit); an entry of another level's key credits nobody."""
         ...
 
     def report_ask_outcome(self, generation_ids: Sequence[str], score: float) -> None:

@@ -63,55 +63,69 @@ def entry_credit(score: float, critic: float | None = None, baseline: float | No
 
 
 def free_baselines(episodes: Iterable[tuple[Hashable, bool, float]]) -> dict[Hashable, float]:
-    """The mean score of each group's free subgroup, from ``(group, guided, score)`` rows; a
-    group none of whose free episodes finished has no baseline (and no relative credit).
+    """The mean score of each group's free subgroup, from ``(group, guided, score)`` rows, for
+    the groups whose free episodes did not all end alike: where every free episode won (or
+    every one lost) the free half tells nothing of what the lesson added (all won: a right
+    lesson would get 0, then less than the batch's mean), so the group has no baseline and its
+    guided half is credited by its own outcomes (``episode_credit``). A group none of whose
+    free episodes finished has no baseline either.
 
     >>> free_baselines([("g0", True, 1.0), ("g0", False, 1.0), ("g0", False, 0.0),
-    ...                 ("g1", True, 0.0)])
+    ...                 ("g1", True, 0.0), ("g2", False, 1.0), ("g2", False, 1.0)])
     {'g0': 0.5}
     """
     free: dict[Hashable, list[float]] = defaultdict(list)
     for group, guided, score in episodes:
         if not guided:
             free[group].append(float(score))
-    return {group: sum(scores) / len(scores) for group, scores in free.items()}
+    return {group: sum(scores) / len(scores) for group, scores in free.items()
+            if len(set(scores)) > 1}
 
 
 def credit_episodes(client: ExperienceClient, episodes: Sequence[Any],
                     relative: bool = False) -> None:
     """Report a step's finished episodes to ``client``: each one shown entries credits their
-    writers (``report_outcome``, by the gate's critic score when the gate judged them; with
-    ``relative``, ``experience.credit: relative``, only a guided episode whose group has a free
-    baseline, ``free_baselines``, relative to it), and the generations that answered its asks
-    get its score (``report_ask_outcome``). An episode's score is 1 for a win, else the env's.
+    writers and endorsers (``report_outcome`` with the episode's env and key, so that another
+    level's entry credits nobody; by the gate's critic score when the gate judged them; with
+    ``relative``, ``experience.credit: relative``, only guided episodes, relative to their
+    group's free baseline where it has one, ``free_baselines``, else by their own outcome), and
+    the generations that answered its asks get its score (``report_ask_outcome``). An episode's
+    score is 1 for a win, else the env's.
 
     ``episodes``: ``crl_harness.rollout.Trajectory`` objects, without those an error ended (they
     are no sample of the policy).
 
     >>> from types import SimpleNamespace as Episode
     >>> class Client:
-    ...     def report_outcome(self, entry_ids, score, critic=None, baseline=None):
-    ...         print("entries", entry_ids, score, critic, baseline)
+    ...     def report_outcome(self, entry_ids, score, critic=None, baseline=None, env_id="",
+    ...                        query=""):
+    ...         print("entries", entry_ids, score, critic, baseline, query)
     ...     def report_ask_outcome(self, generation_ids, score):
     ...         print("asks", generation_ids, score)
-    >>> guided = Episode(group_id=0, use_experience=True, won=True, score=1.0,
-    ...                  experience_ids=["e1"], gate=None, asks=[])
-    >>> free = Episode(group_id=0, use_experience=False, won=False, score=0.0,
-    ...                experience_ids=[], gate=None, asks=[])
-    >>> credit_episodes(Client(), [guided, free])
-    entries ['e1'] 1.0 None None
-    >>> credit_episodes(Client(), [guided, free], relative=True)
-    entries ['e1'] 1.0 None 0.0
+    >>> def episode(guided, won, ids=()):
+    ...     return Episode(group_id=0, use_experience=guided, won=won, score=float(won),
+    ...                    experience_ids=list(ids), gate=None, asks=[], env_id="E",
+    ...                    retrieval_key="x=1, y=2", task="")
+    >>> guided = episode(True, True, ["e1"])
+    >>> credit_episodes(Client(), [guided, episode(False, False), episode(False, True)])
+    entries ['e1'] 1.0 None None x=1, y=2
+    >>> credit_episodes(Client(), [guided, episode(False, False), episode(False, True)],
+    ...                 relative=True)
+    entries ['e1'] 1.0 None 0.5 x=1, y=2
+    >>> credit_episodes(Client(), [guided, episode(False, True), episode(False, True)],
+    ...                 relative=True)  # the free half all won: the guided outcome alone
+    entries ['e1'] 1.0 None None x=1, y=2
     """
     scores = [1.0 if t.won else t.score for t in episodes]
     baselines = free_baselines((t.group_id, t.use_experience, score)
                                for t, score in zip(episodes, scores, strict=True)) \
         if relative else {}
     for t, score in zip(episodes, scores, strict=True):
-        if t.experience_ids and (not relative or (t.use_experience and t.group_id in baselines)):
+        if t.experience_ids and (not relative or t.use_experience):
             client.report_outcome(list(t.experience_ids), score,
                                   t.gate.critic if t.gate is not None else None,
-                                  baselines.get(t.group_id))
+                                  baselines.get(t.group_id), t.env_id,
+                                  t.retrieval_key or t.task)
         answered = [a.generation_id for a in t.asks if a.generation_id is not None]
         if answered:
             client.report_ask_outcome(answered, score)

@@ -50,7 +50,8 @@ from crl_harness.experience.prompts import load_prompt
 if TYPE_CHECKING:  # annotations only: manager.py imports this module
     from crl_harness.experience.manager import ManagerConfig
 
-__all__ = ["DistillationRequest", "Extractor", "distill_prompt"]
+__all__ = ["DistillationRequest", "Extractor", "distill_prompt", "judgment_reward",
+           "episodes_to_distill"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ class DistillationRequest:
     score: float
     retrieved_ids: list[str] = field(default_factory=list)
     step: int = 0
+    query: str = ""
+    """what the episode retrieved with (its level's key): a vote on an entry of another key
+    is not counted (``ExperienceManager.is_own``)"""
 
 
 def _clip(text: str, limit: int) -> str:
@@ -96,6 +100,50 @@ def distill_prompt(request: DistillationRequest, shown: Sequence[ExperienceEntry
         transcript=_clip(request.transcript, max_transcript_chars))
 
 
+def episodes_to_distill(episodes: Sequence[Any], per_group: int) -> list[Any]:
+    """The finished episodes of a step worth distilling, at most ``per_group`` a group (the cap
+    of extractor calls: one per guided slot): every guided episode that was shown a lesson (its
+    verdict is what keeps or drops that lesson), then the group's won episode with the fewest
+    moves, free or guided (the route worth writing: free winners are half the wins), or, in a
+    group that won nothing, one lost episode (``return`` is the answer to learn there).
+
+    >>> from types import SimpleNamespace as E
+    >>> def ep(name, guided, won, steps, ids=()):
+    ...     return E(name=name, group_id=0, use_experience=guided, won=won, steps=steps,
+    ...              experience_ids=list(ids))
+    >>> step = [ep("g0", True, False, 6, ["e"]), ep("g1", True, True, 4), ep("f0", False, True, 2),
+    ...         ep("f1", False, False, 6)]
+    >>> [e.name for e in episodes_to_distill(step, per_group=2)]
+    ['g0', 'f0']
+    """
+    groups: dict[Any, list[Any]] = {}
+    for episode in episodes:
+        groups.setdefault(episode.group_id, []).append(episode)
+    chosen: list[Any] = []
+    for group in groups.values():
+        picked = [e for e in group if e.use_experience and e.experience_ids]
+        won = sorted((e for e in group if e.won), key=lambda e: e.steps)
+        extra = won[:1] or [e for e in group if e.use_experience and not e.experience_ids][:1] \
+            or group[:1]
+        picked += [e for e in extra if all(e is not p for p in picked)]
+        chosen += picked[:per_group]
+    return chosen
+
+
+def judgment_reward(ops: Sequence[Operation], won: bool) -> float:
+    """The reward of a distillation that wrote nothing, by the outcome of the episode it judged:
+    +1 where each verdict agrees with it (an upvote of a won episode's lesson, a downvote of a
+    lost one's, ``return`` after a loss), -1 where it contradicts it (the mean over votes).
+
+    >>> judgment_reward([Vote(0, 1)], won=True), judgment_reward([], won=True)
+    (1.0, -1.0)
+    >>> judgment_reward([Vote(0, -1)], won=True), judgment_reward([], won=False)
+    (-1.0, 1.0)
+    """
+    verdicts = [op.delta > 0 for op in ops if isinstance(op, Vote)] or [False]
+    return sum(1.0 if up == won else -1.0 for up in verdicts) / len(verdicts)
+
+
 class _ExtractorJobs:
     """The job methods of ``ExperienceManager`` (its base class): the queue of distillations
     and merges and the extractor threads that run them. The manager sets the attributes below
@@ -104,6 +152,7 @@ class _ExtractorJobs:
     bank: ExperienceBank
     config: ManagerConfig
     ledger: CreditLedger
+    is_own: Callable[[str, str, ExperienceEntry], bool]
     _extractor: Extractor | None
     _distill_template: Template
     _merge_template: Template
@@ -175,11 +224,16 @@ class _ExtractorJobs:
         output, text = called
         self._count("distillations")
         parsed = parse_distillation(text, len(shown), self.config.parse_limits)
-        changes = self._changes(parsed.ops if parsed.ok else (), shown, request.env_id,
-                                request.step, "distill", prompt, output, parsed.error)
+        ops = parsed.ops if parsed.ok else ()
+        own = [self.is_own(request.env_id, request.query, e) for e in shown]
+        counted = tuple(op for op in ops if not isinstance(op, Vote) or own[op.target])
+        self._count("votes_ignored", len(ops) - len(counted))
+        changes = self._changes(counted, shown, request.env_id, request.step, "distill", prompt,
+                                output, parsed.error,
+                                judged=request.won if parsed.ok and counted == ops else None)
         if changes:
             self.apply(changes)
-            self._count("ops_applied", len(parsed.ops))
+            self._count("ops_applied", len(counted))
 
     def _merge(self, env_id: str, ids: list[str]) -> None:
         shown = [e for e in (self.bank.get(i) for i in ids) if e is not None]
@@ -201,8 +255,11 @@ class _ExtractorJobs:
 
     def _changes(self, ops: Sequence[Operation], shown: list[ExperienceEntry], env_id: str,
                  step: int, kind: str, prompt: str, output: Any,
-                 error: str | None) -> list[BankChange]:
-        """Bank changes for parsed operations; registers the generation for credit."""
+                 error: str | None, judged: bool | None = None) -> list[BankChange]:
+        """Bank changes for parsed operations; registers the generation for credit: one that
+        writes (or endorses) an entry is credited when the entry is used; a distillation that
+        only judged (votes, or ``return``) of an episode whose outcome is ``judged`` (won) at
+        once, by that outcome (``judgment_reward``)."""
         generation_id = uuid.uuid4().hex
         if error is not None:
             self._count("format_failures")
@@ -223,4 +280,8 @@ class _ExtractorJobs:
                 changes.append(AddEntry(env_id, op.title, op.content, generation_id, step))
         if any(isinstance(c, AddEntry) for c in changes):
             self.ledger.register(generation_id, prompt, output, kind)  # type: ignore[arg-type]
+        elif judged is not None:
+            self._count("judgments")
+            self.ledger.register(generation_id, prompt, output, kind,  # type: ignore[arg-type]
+                                 fixed_reward=judgment_reward(ops, judged))
         return changes

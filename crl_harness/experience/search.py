@@ -112,6 +112,7 @@ class _Search:
     _closed: bool
     _indexes: dict[str, BM25Index | DenseIndex]
     _features: dict[str, Any]
+    _outcomes: dict[str, tuple[int, int]]  # entry id -> wins, losses of its level's episodes
 
     # ----------------------------------------------------------------- retrieval
     def _batch_loop(self) -> None:
@@ -171,13 +172,18 @@ class _Search:
             else:
                 hits = index.search_tokens_many([q.tokens for q in queries], cfg.candidates)
             results = []
+            floor = cfg.floor(env_id)
             with self._rw.read():
                 now = time.time()
                 for query, found in zip(queries, hits, strict=True):
-                    live = [(e, s) for e, s in ((self.bank.get(i), s) for i, s in found) if e
-                            and (not cfg.min_query_coverage or query_coverage(
-                                query.tokens, self._entry_tokens(e)) >= cfg.min_query_coverage)]
-                    chosen = diversity_rerank(live, query.k, cfg, now, self._rng)
+                    coverage = {i: query_coverage(query.tokens, self._entry_tokens(e))
+                                for i, e in ((i, self.bank.get(i)) for i, _ in found) if e}
+                    live = [(e, s) for e, s in ((self.bank.get(i), s) for i, s in found)
+                            if e and coverage[e.id] >= floor]
+                    # the level's own lessons (its exact key) rank by their record first
+                    own = {e.id: self._record_of(e) for e, _ in live
+                           if cfg.keyed(env_id) and coverage[e.id] >= 1.0}
+                    chosen = diversity_rerank(live, query.k, cfg, now, self._rng, own)
                     self.bank.record_retrievals([e.id for e in chosen], now)
                     results.append(chosen)
             self._remember_generations(results)
@@ -189,6 +195,12 @@ class _Search:
         finally:
             with self._busy_lock:
                 self._busy_searches -= 1
+
+    def _record_of(self, entry: ExperienceEntry) -> float:
+        """An entry's record: its votes (endorsements included) plus its wins minus its losses
+        when an episode of its own level used it."""
+        wins, losses = self._outcomes.get(entry.id, (0, 0))
+        return entry.votes + wins - losses
 
     def _entry_tokens(self, entry: ExperienceEntry) -> tuple[str, ...]:
         """The words the BM25 index holds for ``entry`` (tokenised once, when indexed)."""

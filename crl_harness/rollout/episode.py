@@ -101,6 +101,7 @@ class LiveEpisode:
         self.trajectory.task_id = task_id_of(self.spec.env_id, self.spec.seed, info)
         self.trajectory.retrieval_key = str(info.get("retrieval_query") or "")
         self.trajectory.experience_ids = list(info.get("experience_ids", []))
+        self.trajectory.experience = self.experience
         self.conversation = Conversation(self._system(), self.history)
         self.state = observation
         self.observe(observation)

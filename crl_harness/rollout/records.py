@@ -111,7 +111,8 @@ class Trajectory:
     ``reward`` is the episode return (env rewards plus format penalties), ``won`` and ``score``
     the env's verdict, ``steps`` the number of agent turns that count toward the step limit
     (answered asks do not), ``experience_ids`` the bank entries shown to the agent (for the
-    extractor's credit; kept when the gate rejected them), ``gate`` the actor-critic gate's turn,
+    extractor's credit; kept when the gate rejected them) and ``experience`` their text as
+    retrieved, ``gate`` the actor-critic gate's turn,
     ``transcript`` the episode as text (the extractor's input), ``system`` the system prompt a
     model agent saw (empty for scripted agents), ``final_observation`` what the env showed after
     the last action. ``error`` is set when the env itself failed; such an episode is not a
@@ -132,6 +133,7 @@ class Trajectory:
     score: float = 0.0
     steps: int = 0
     experience_ids: list[str] = field(default_factory=list)
+    experience: str = ""
     transcript: str = ""
     format_failures: int = 0
     invalid_actions: int = 0

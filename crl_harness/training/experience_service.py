@@ -15,6 +15,7 @@ import os
 import pickle
 import queue
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,8 @@ class ExperienceService:
                  extractor: ModelBackend | str, *, max_new_tokens: int, temperature: float,
                  top_p: float, seed: int = 0, lora: Any = None, dtype: str = "auto",
                  kv_cache_tokens: int = KV_CACHE_TOKENS,
-                 format_failure_reward: float | None = None) -> None:
+                 format_failure_reward: float | None = None,
+                 exact_key_envs: Sequence[str] = ()) -> None:
         if isinstance(extractor, str):
             from crl_harness.models import load_backend
 
@@ -124,7 +126,7 @@ class ExperienceService:
                                           temperature=temperature, top_p=top_p,
                                           max_batch=config.max_concurrent_extractions)
         self.manager = ExperienceManager(self.bank, self.generator, ManagerConfig.from_config(
-            config, format_failure_reward=format_failure_reward, seed=seed))
+            config, exact_key_envs, format_failure_reward=format_failure_reward, seed=seed))
 
     # ------------------------------------------------------------ weights
     @property
@@ -150,7 +152,8 @@ class ExperienceService:
         self.manager.flush()
         n = self.bank.export_jsonl(directory / BANK_EXPORT)
         with open(directory / LEDGER_FILE, "wb") as handle:
-            pickle.dump(self.manager.ledger.export(), handle)
+            pickle.dump({"ledger": self.manager.ledger.export(),
+                         "records": self.manager.export_records()}, handle)
         return n
 
     def import_ledger(self, directory: str | os.PathLike) -> None:
@@ -158,7 +161,12 @@ class ExperienceService:
         path = Path(directory) / LEDGER_FILE
         if path.exists():
             with open(path, "rb") as handle:
-                self.manager.ledger.load(pickle.load(handle))
+                saved = pickle.load(handle)
+            if isinstance(saved, dict):  # the ledger and the entries' records
+                self.manager.ledger.load(saved["ledger"])
+                self.manager.load_records(saved["records"])
+            else:  # a checkpoint from before the records were kept: the ledger alone
+                self.manager.ledger.load(saved)
 
     @staticmethod
     def restore_bank(run_dir: str | os.PathLike, source: str | os.PathLike,

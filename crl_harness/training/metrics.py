@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["MetricsLogger", "read_metrics", "short_env_name", "env_names", "curve_panels",
+__all__ = ["MetricsLogger", "read_metrics", "pooled_pairs", "PAIR_SETS", "short_env_name", "env_names", "curve_panels",
            "plot_learning_curve"]
 
 
@@ -80,6 +81,31 @@ class MetricsLogger:
         self._handle.close()
         if self._writer is not None:
             self._writer.close()
+
+
+PAIR_SETS = {"all": "pairs", "revisits": "pairs_revisit", "first visits": "pairs_first"}
+"""Where guided - free is counted (``step_metrics``): every group, the groups of levels an
+earlier step played (the bank may hold their lesson), the groups of levels played first."""
+
+
+def pooled_pairs(records: Sequence[Mapping[str, float]], prefix: str = "pairs") -> Any:
+    """Guided against free (``crl_harness.eval.PairedDifference``, A free, B guided), the pairs
+    ``step_metrics`` counted under ``prefix`` summed over ``records`` (steps, runs).
+
+    >>> d = pooled_pairs([{"pairs_revisit/guided_free": 4, "pairs_revisit/free_wins": 1,
+    ...                    "pairs_revisit/guided_wins": 3, "pairs_revisit/free_only": 0,
+    ...                    "pairs_revisit/guided_only": 2}] * 2, "pairs_revisit")
+    >>> d.n, d.difference
+    (8, 0.5)
+    """
+    from crl_harness.eval import PairedDifference
+
+    def total(key: str) -> int:
+        return sum(int(r.get(f"{prefix}/{key}", 0) or 0) for r in records)
+
+    return PairedDifference(n=total("guided_free"), a_wins=total("free_wins"),
+                            b_wins=total("guided_wins"), only_a=total("free_only"),
+                            only_b=total("guided_only"))
 
 
 def short_env_name(env_id: str) -> str:

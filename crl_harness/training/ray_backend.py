@@ -67,8 +67,9 @@ class RemoteManager:
         return self._call("ask", env_id, query, k)
 
     def report_outcome(self, entry_ids: Sequence[str], score: float,
-                       critic: float | None = None, baseline: float | None = None) -> None:
-        self._call("report_outcome", list(entry_ids), score, critic, baseline)
+                       critic: float | None = None, baseline: float | None = None,
+                       env_id: str = "", query: str = "") -> None:
+        self._call("report_outcome", list(entry_ids), score, critic, baseline, env_id, query)
 
     def report_ask_outcome(self, generation_ids: Sequence[str], score: float) -> None:
         self._call("report_ask_outcome", list(generation_ids), score)

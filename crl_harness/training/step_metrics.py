@@ -29,7 +29,8 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else float("nan")
 
 
-def _guided_free_pairs(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+def _guided_free_pairs(trajectories: Sequence[Trajectory],
+                       prefix: str = "pairs") -> dict[str, float]:
     """Guided against free inside the same groups, as the counts of a ``PairedDifference``
     (A free, B guided): the j-th guided episode of a group is paired with its j-th free one
     (same level, same weights), so summing the counts over steps and runs pools the pairs."""
@@ -39,8 +40,9 @@ def _guided_free_pairs(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     pairs = [(g, f) for guided, free in by_group.values()
              for g, f in zip(guided, free, strict=False)]  # an env failure leaves one unpaired
     d = paired_difference([f for _, f in pairs], [g for g, _ in pairs])
-    return {"pairs/guided_free": d.n, "pairs/free_wins": d.a_wins, "pairs/guided_wins": d.b_wins,
-            "pairs/free_only": d.only_a, "pairs/guided_only": d.only_b}
+    return {f"{prefix}/guided_free": d.n, f"{prefix}/free_wins": d.a_wins,
+            f"{prefix}/guided_wins": d.b_wins, f"{prefix}/free_only": d.only_a,
+            f"{prefix}/guided_only": d.only_b}
 
 
 def _format_failure_rate(trajectories: Sequence[Trajectory]) -> float:
@@ -97,14 +99,18 @@ def step_metrics(cfg: TrainConfig, trajectories: Sequence[Trajectory],
                  actor: UpdateStats | None, extractor: UpdateStats | None,
                  times: Mapping[str, float], *, experience_stats: Mapping[str, Any] | None = None,
                  awaiting_training: int = 0, packed_fraction: float = float("nan"),
-                 counters: Mapping[str, float] | None = None) -> dict[str, float]:
+                 counters: Mapping[str, float] | None = None,
+                 revisits: set[int] | None = None) -> dict[str, float]:
     """The metrics of one step of ``cfg``'s run (``cfg.uses_experience`` and the learners'
     ``max_logprob_gap``; the gate's and the asks' switches).
 
     ``actor`` / ``extractor``: their updates this step (None: not trained); ``times``: seconds
     per phase (``time/KEY``); ``experience_stats``: the experience service's ``stats()`` (None:
     the arm without experience); ``awaiting_training``: used extractor generations not trained
-    yet; ``packed_fraction``: ``actor_rows``'; ``counters``: the run's running totals."""
+    yet; ``packed_fraction``: ``actor_rows``'; ``counters``: the run's running totals;
+    ``revisits``: the groups whose level an earlier step played (``TaskDraw.revisit``): the
+    guided - free pairs are also counted apart on them (``pairs_revisit/*``, where the bank may
+    hold the level's lesson) and on first visits (``pairs_first/*``, where it cannot)."""
     m: dict[str, float] = {}
     won = [float(t.won) for t in trajectories]
     m["success/all"] = _mean(won)
@@ -117,6 +123,11 @@ def step_metrics(cfg: TrainConfig, trajectories: Sequence[Trajectory],
             m[f"episodes/{name}"] = len(part)
             m[f"reward/{name}"] = _mean([t.reward for t in part])
         m.update(_guided_free_pairs(trajectories))
+        if revisits is not None:
+            m.update(_guided_free_pairs([t for t in trajectories if t.group_id in revisits],
+                                        "pairs_revisit"))
+            m.update(_guided_free_pairs([t for t in trajectories if t.group_id not in revisits],
+                                        "pairs_first"))
     m.update(_env_metrics(trajectories, cfg.uses_experience))
     m["rollout/format_failure_rate"] = _format_failure_rate(trajectories)
     m["rollout/generated_tokens"] = sum(t.generated_tokens for t in trajectories)

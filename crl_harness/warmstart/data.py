@@ -32,7 +32,7 @@ from crl_harness.warmstart.reasons import REASONS, random_reason
 __all__ = ["AdvisedEpisode", "route_advice", "advice_check", "winning_route", "earlier_route",
            "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_case", "answer_class",
            "class_quotas", "extractor_episodes", "extractor_prompt", "extractor_sample",
-           "reply_ids", "route_of", "taught_answer"]
+           "reply_ids", "route_of", "route_moves", "taught_answer"]
 
 EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
 STRAY_NOISE = 1.0
@@ -105,6 +105,23 @@ def route_of(entry: ExperienceEntry) -> tuple[str, list[str]] | None:
         return None
     moves = [m.strip() for m in entry.content.removeprefix(_ROUTE_CONTENT).rstrip(".").split(",")]
     return (entry.title.removeprefix(_ROUTE_TITLE), moves) if all(moves) else None
+
+
+def route_moves(text: str) -> list[str] | None:
+    """The moves of the first route lesson (``route_advice``'s form) inside ``text`` (an
+    experience block, an entry's text); None where it holds none.
+
+    >>> route_moves("Winning moves from x=39, y=9: from the start, play west, south.")
+    ['west', 'south']
+    >>> route_moves("Walls: avoid them.") is None
+    True
+    """
+    start = text.find(_ROUTE_CONTENT)
+    if start < 0:
+        return None
+    body = text[start + len(_ROUTE_CONTENT):].split("\n", 1)[0].strip()
+    moves = [m.strip() for m in body.split(".", 1)[0].split(",")]
+    return moves if all(moves) else None
 
 
 def advice_check(entry: ExperienceEntry, observation: str) -> str | None:

@@ -363,9 +363,10 @@ def test_read_write_lock_starves_neither_side():
 
 def test_relative_credit_on_a_hand_made_group(bank):
     """``experience.credit: relative``: the trainer credits each guided episode's entries with
-    its score minus its group's free mean once the step's rollouts end. A lesson used on a level
-    every free episode wins earns nothing for the level's ease; the paper's outcome credit would
-    give it +1."""
+    its score minus its group's free mean once the step's rollouts end, where the free half is
+    mixed; where it all lost or all won it tells nothing of what the lesson added (all won: a
+    right lesson would earn 0, below the batch mean), so the guided outcome alone credits it
+    (the paper's credit: +1 a win, -1 a loss)."""
     from crl_harness.experience import credit_episodes
     from crl_harness.rollout import Trajectory
 
@@ -380,12 +381,12 @@ def test_relative_credit_on_a_hand_made_group(bank):
                               score=float(won), experience_ids=[entry.id] if entry else [])
 
         group = [episode(0, True, True, hard), episode(0, True, False, hard),   # guided: 1, 0
-                 episode(0, False, False), episode(0, False, False),            # free mean 0
+                 episode(0, False, False), episode(0, False, True),             # free mean 0.5
                  episode(1, True, True, easy), episode(1, True, True, easy),    # guided: 1, 1
-                 episode(1, False, True), episode(1, False, True)]              # free mean 1
+                 episode(1, False, True), episode(1, False, True)]              # free: all won
         credit_episodes(manager, group, relative=True)
         rewards = {r.generation_id: (r.reward, r.n_uses) for r in manager.generation_rewards()}
-        assert rewards == {"g-hard": (0.5, 2), "g-easy": (0.0, 2)}
+        assert rewards == {"g-hard": (0.0, 2), "g-easy": (1.0, 2)}
         # the paper's outcome credit of the same episodes: the easy level's lesson looks best
         manager.release_generations(["g-hard", "g-easy"])
         for generation in ("g-hard", "g-easy"):

@@ -415,7 +415,8 @@ def test_trainer_runs_both_switches_and_logs_their_metrics(tmp_path):
         "tasks.groups_per_step=1", "tasks.group_size=2", "tasks.guided_per_group=1",
         "actor.warmup_steps=0", "actor.max_new_tokens=8", "extractor.max_new_tokens=8",
         "run.steps=1", "run.tensorboard=false", "run.torch_threads=1",
-        "experience.actor_critic_gate=true", "experience.search_and_ask=true"])
+        "experience.actor_critic_gate=true", "experience.search_and_ask=true",
+        "experience.min_query_coverage=0"])  # a lesson in words, not one of the level's key
     Trainer(cfg).train()
     [record] = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert record["gate/episodes"] == 1 and record["gate/accept_rate"] == 1.0

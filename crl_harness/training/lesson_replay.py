@@ -1,0 +1,69 @@
+"""Lessons replayed without a model: whether the route a guided episode was handed wins its level
+when its moves are played as they stand (``route_moves``: the lesson form the warm start teaches).
+
+Holds ``LessonReplay``, which keeps one env per env id and replays the handed lessons of a step's
+trajectories; the trainer logs the share that win (``lessons/replay_win_rate``): a lesson that
+does not win replayed cannot help its guided episodes, whatever the actor does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from crl_harness.rollout import Trajectory
+from crl_harness.warmstart.data import route_moves
+
+__all__ = ["LessonReplay"]
+
+MAX_REPLAYS_PER_STEP = 256  # a bound on the env time one step spends replaying lessons
+
+
+class LessonReplay:
+    """Replays the lessons handed to a step's guided episodes in the envs they were made for.
+
+    Example:
+        >>> from types import SimpleNamespace as T
+        >>> replay = LessonReplay({"CRL/Sokoban-v0": {}})
+        >>> replay.step_metrics([T(env_id="CRL/Sokoban-v0", seed=0, use_experience=True,
+        ...                        experience="Walls: avoid them.", experience_ids=["e"])])
+        {'lessons/handed': 0.0, 'lessons/replay_win_rate': nan}
+        >>> replay.close()
+    """
+
+    def __init__(self, env_kwargs: dict[str, dict[str, Any]],
+                 env_options: dict[str, dict[str, Any]] | None = None) -> None:
+        self.env_kwargs = env_kwargs
+        self.env_options = env_options or {}
+        self._envs: dict[str, Any] = {}
+
+    def wins(self, env_id: str, seed: int, moves: Sequence[str]) -> bool:
+        """Whether ``moves`` from the reset of level ``seed`` of ``env_id`` reach a win."""
+        env = self._envs.get(env_id)
+        if env is None:
+            import gymnasium as gym
+
+            import crl_envs  # noqa: F401  (registers the ids)
+
+            env = self._envs[env_id] = gym.make(env_id, **self.env_kwargs.get(env_id, {}))
+        env.reset(seed=seed, options=self.env_options.get(env_id) or None)
+        for move in moves:
+            _, _, terminated, truncated, info = env.step(move)
+            if terminated or truncated:
+                return bool(info.get("won"))
+        return False
+
+    def step_metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """``lessons/handed``: guided episodes handed a route lesson; ``lessons/replay_win_rate``:
+        the share of those lessons that win their level replayed (nan when none)."""
+        handed = [(t, moves) for t in trajectories if t.use_experience and t.experience_ids
+                  for moves in [route_moves(t.experience)] if moves]
+        handed = handed[:MAX_REPLAYS_PER_STEP]
+        wins = [self.wins(t.env_id, t.seed, moves) for t, moves in handed]
+        return {"lessons/handed": float(len(handed)),
+                "lessons/replay_win_rate": sum(wins) / len(wins) if wins else float("nan")}
+
+    def close(self) -> None:
+        for env in self._envs.values():
+            env.close()
+        self._envs.clear()
