@@ -96,16 +96,17 @@ class TaskConfig:
     without a lesson and again once the bank may hold one: ``TaskSampler``)"""
     new_per_step: Optional[int] = bounded(  # noqa: UP045 (OmegaConf reads typing.Optional)
         None, ge=0, why="0: every step after the first only revisits")
-    """``revisit``: new levels a step after the first plays (the others revisit); null: half
-    the groups"""
+    """``revisit``: new levels a step after the first plays (the others revisit; at most
+    ``groups_per_step``); null: half the groups"""
     heldout_offset: int = bounded(50_000_000, ge=0)
     """held-out tasks for evaluation: seeds heldout_offset, heldout_offset+1, ... (the next
     HELDOUT_RESERVED seeds are kept out of training and the warm start)"""
 
     def new_levels_per_step(self) -> int:
-        """``new_per_step``, or half the groups (rounded up) when null."""
+        """``new_per_step`` (at most ``groups_per_step``), or half the groups (rounded up) when
+        null."""
         if self.new_per_step is not None:
-            return self.new_per_step
+            return min(self.new_per_step, self.groups_per_step)
         return (self.groups_per_step + 1) // 2
 
     def training_seeds(self) -> Sequence[int]:
@@ -459,7 +460,7 @@ def updated_lesson_steps(cfg: TrainConfig) -> int:
 
     >>> from crl_harness.config import load_config
     >>> updated_lesson_steps(load_config("cpu-demo"))
-    1
+    5
     """
     t = cfg.tasks
     first = cfg.retrieval_warmup + 1

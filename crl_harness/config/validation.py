@@ -108,9 +108,6 @@ def _validate(cfg: TrainConfig, source: str) -> None:
             fail("tasks.seeds", f"seeds must be >= 0, got {min(t.seeds)}")
         if len(set(t.seeds)) != len(t.seeds):
             fail("tasks.seeds", "a seed is listed twice; list each level once")
-    if t.new_per_step is not None and t.new_per_step > t.groups_per_step:
-        fail("tasks.new_per_step", f"must be at most tasks.groups_per_step ({t.groups_per_step}), "
-             f"got {t.new_per_step}")
     e = cfg.experience
     if e.candidates < e.k:
         fail("experience.candidates", f"must be >= experience.k ({e.k}), got {e.candidates}")

@@ -228,23 +228,24 @@ def test_hardening_bad_retrieval_credit_and_pool_settings_are_one_config_error(o
 def test_explicit_training_seeds_replace_the_range():
     cfg = load_config("cpu-demo", ["tasks.seeds=[0, 5, 9]"])
     assert list(cfg.tasks.training_seeds()) == [0, 5, 9]
-    assert load_config("cpu-demo").tasks.training_seeds() == range(0, 4)
+    assert load_config(None).tasks.training_seeds() == range(0, 1_000_000)
+    assert len(set(load_config("cpu-demo").tasks.training_seeds())) == 32  # its pool
 
 
 def test_updated_lessons_are_retrieved_in_two_steps_of_cpu_demo():
     """The extractor's first update can come at step 2 of cpu-demo (step 1 fills the bank, step
-    2 retrieves and credits); what it writes after is retrieved in step 4 (and 5 of 5)."""
+    2 retrieves and credits); what it writes after is retrieved from step 4 on (5 of 8 steps)."""
     cfg = load_config("cpu-demo")
-    assert updated_lesson_steps(cfg) == 1
+    assert updated_lesson_steps(cfg) == 5
     assert updated_lesson_steps(load_config("cpu-demo", ["run.steps=5"])) == 2
     # train_after waits for generations from several steps: 32 at 16 a step take two
     assert updated_lesson_steps(load_config("cpu-demo", ["extractor.train_after=32",
                                                          "run.steps=5"])) == 1
     assert updated_lesson_steps(load_config("cpu-demo", [
-        "experience.retrieval_warmup_steps=3"])) == 0
+        "experience.retrieval_warmup_steps=3", "run.steps=4"])) == 0
     # the lessons wait for the retrieval warm-up, not the actor's
     assert updated_lesson_steps(load_config("cpu-demo", [
-        "actor.warmup_steps=3", "experience.retrieval_warmup_steps=1"])) == 1
+        "actor.warmup_steps=3", "experience.retrieval_warmup_steps=1", "run.steps=4"])) == 1
 
 
 def test_retrieval_warmup_follows_the_actor_warmup_unless_set():
