@@ -177,9 +177,16 @@ def evaluate_levels(cfg: Any, actor: str,
 
     retriever = manager = None
     if bank is not None and bank.exists() and any(b for _, b, _, _ in to_play.values()):
-        from crl_harness.experience import ExperienceBank, ExperienceManager, RetrieveOnly
+        from crl_harness.experience import (
+            ExperienceBank,
+            ExperienceManager,
+            ManagerConfig,
+            RetrieveOnly,
+        )
 
-        manager = ExperienceManager(ExperienceBank(bank, read_only=True))
+        # the run's retrieval (its floor at exact keys, its re-rank), as its rollouts retrieved
+        manager = ExperienceManager(ExperienceBank(bank, read_only=True), config=ManagerConfig.from_config(
+            cfg.experience, cfg.exact_key_envs(), seed=cfg.run.seed))
         retriever = RetrieveOnly(manager)
     specs, case_of = [], []  # an episode's group id is its place here, so cases never mix
     for name, (seeds, with_bank, _, entry) in to_play.items():

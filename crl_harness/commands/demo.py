@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-levels", type=int, default=96,
                         help="held-out levels of the before/after evaluation, one greedy episode "
                              "each (default 96: about 80%% power for +15 points, paired by level)")
+    parser.add_argument("--test-time-levels", type=int, default=32,
+                        help="unseen levels of the test-time experience check (attempt 1: 4 "
+                             "sampled episodes distilled into a fresh bank; attempt 2: greedy "
+                             "with it against without it, paired; default 32; 0: skip)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="settings of the training config, as crl train takes them (e.g. "
                              "actor.rollout_engine=vllm extractor.rollout_engine=vllm)")
@@ -94,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_range("--episodes", args.episodes, 1, MAX_EPISODES)
     check_range("--eval-levels", args.eval_levels, 1, HELDOUT_RESERVED)
+    check_range("--test-time-levels", args.test_time_levels, 0, HELDOUT_RESERVED)
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     try:  # OUT/NAME: the config's own name (run.output_dir's default is runs/${name})
         cfg = load_config(args.config, [*bf16_fallback(), *args.overrides,
@@ -113,17 +118,19 @@ def run(args: argparse.Namespace) -> int:
     status = eval_command.run(parser.parse_args(eval_args))
     if status or args.no_train:
         return status
-    train_and_evaluate(cfg, args.eval_levels, out)
+    train_and_evaluate(cfg, args.eval_levels, out, test_time_levels=args.test_time_levels)
     return 0
 
 
-def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = None) -> Path:
+def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = None,
+                       test_time_levels: int = 0) -> Path:
     """The warm start (shipped, or ``crl warmstart`` when absent) on ``levels`` held-out levels
     and on the training levels (cached in ``cache``, default ``default_cache()``), training
     ``cfg`` into ``cfg.run.output_dir``, and the checkpoint that training returns on the same
-    levels (the training levels with the bank it grew); prints both with their paired
-    differences and writes every level's outcome to ``out/levels.json``. Returns that
-    checkpoint."""
+    levels (the training levels with the bank it grew), and, on ``test_time_levels`` unseen
+    levels, the trained actor's second attempt with a bank its extractor wrote from its first
+    against one without (``test_time_experience``); prints them with their paired differences
+    and writes every level's outcome to ``out/levels.json``. Returns that checkpoint."""
     from crl_harness.commands import train as train_command
     from crl_harness.heldout import default_cache, env_cases, evaluate_levels, paired
     from crl_harness.models.names import resolve_model_path
@@ -159,17 +166,34 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
                                             "training": (training, True)}),
                             out / "eval-after", bank=run_dir / "bank.sqlite", dtype=dtype)
     differences = {name: paired(before[name], after[name]) for name in before}
+    test_time = None
+    if test_time_levels and cfg.uses_experience:
+        from crl_harness.training.test_time import test_time_experience, unseen_levels
+
+        extractor = checkpoint / "extractor_hf"
+        extractor_spec = f"hf:{extractor}" if extractor.exists() else \
+            cfg.starting_model("extractor")
+        print(f"\nTest-time experience on {test_time_levels} unseen levels: 4 sampled attempts "
+              "a level distilled into a fresh bank, then greedy with it against without it ...")
+        attempts = test_time_experience(cfg, actor=f"hf:{actor}", extractor=extractor_spec,
+                                        seeds=unseen_levels(test_time_levels),
+                                        out=out / "test-time", dtype=dtype)
+        test_time = paired(attempts["free"], attempts["guided"])
     levels_json = {
         "actor_before": cfg.starting_model(), "actor_after": str(actor),
         "levels": {name: {"before": before[name], "after": after[name],
                           "paired": differences[name].to_dict()} for name in before},
     }
+    if test_time is not None:
+        levels_json["test_time"] = {"free": attempts["free"], "guided": attempts["guided"],
+                                    "paired": test_time.to_dict()}
     pooled_differences = _pooled(cfg, differences)
     if pooled_differences:  # a mixture: every env's pairs of a level set counted together
         levels_json["pooled"] = {name: d.to_dict() for name, d in pooled_differences.items()}
     (out / "levels.json").write_text(json.dumps(levels_json, indent=2))
     _print_summary(cfg, run_dir, differences | {f"{name}, pooled": d
-                                               for name, d in pooled_differences.items()})
+                                               for name, d in pooled_differences.items()},
+                   test_time)
     return checkpoint
 
 
@@ -186,7 +210,8 @@ def _pooled(cfg: Any, differences: dict[str, Any]) -> dict[str, Any]:
     return {name: pooled(ds) for name, ds in sets.items()}
 
 
-def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any]) -> None:
+def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any],
+                   test_time: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -218,6 +243,11 @@ def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any]) -> None
         pairs.add_row(where, str(d.n), format_rate(d.b_wins, d.n), format_rate(d.a_wins, d.n),
                       format_paired(d, "free", "guided"))
     console.print(pairs)
+    if test_time is not None:
+        d = test_time
+        console.print(f"unseen levels, second attempt (greedy) with the bank the first attempt "
+                      f"wrote: {format_rate(d.b_wins, d.n)}, without: {format_rate(d.a_wins, d.n)}; "
+                      f"with - without {format_paired(d, 'without', 'with')}")
     handed = [(m["lessons/handed"], m["lessons/replay_win_rate"]) for m in metrics
               if m.get("lessons/handed")]
     if handed:

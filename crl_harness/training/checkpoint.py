@@ -177,6 +177,14 @@ def write_checkpoint(directory: Path, state: RunState, *, cfg: TrainConfig,
     if extractor is not None:
         torch.save({"model": extractor.trainable_state_dict(),
                     **extractor.optimizer_state()}, directory / "extractor.pt")
+        # The trained extractor as a model a later pass loads (test-time experience, M-c).
+        extractor_base = actor_adapter_base(cfg.extractor.model if cfg.extractor.model != "same"
+                                            else cfg.actor.model, extractor.lora)
+        if extractor_base is not None:
+            extractor.save_adapter(directory / "extractor_hf", extractor_base)
+        else:
+            extractor.save_merged(directory / "extractor_hf")
+        tokenizer.save_pretrained(directory / "extractor_hf")
     # The generations awaiting training (with their credit so far) are in the ledger export.
     bank_entries = experience.export_state(directory) if experience else 0
     torch.save({"rng": rng_state(), "awaiting_training": state.awaiting_training},
