@@ -16,7 +16,7 @@ from gymnasium.envs.registration import WrapperSpec, load_env_creator, register,
 from crl_envs.base import TEXT_CHARSET, TextEnv, Transition
 
 __all__ = ["TEXT_CHARSET", "TextEnv", "Transition", "ENV_IDS", "MAX_EPISODE_STEPS", "RIVER_STEPS",
-           "register_envs", "env_keywords", "check_make_kwargs", "exact_retrieval_key"]
+           "register_envs", "env_keywords", "check_make_kwargs", "exact_retrieval_key", "winning_route"]
 
 # Hands gym.make's max_episode_steps to envs that act on their last step (applied after
 # TimeLimit): ALFWorld's -1 budget, SWE-bench's forced submission.
@@ -91,6 +91,26 @@ def exact_retrieval_key(env_id: str) -> bool:
     entry_point = registry[env_id].entry_point
     creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
     return getattr(creator, "metadata", {}).get("retrieval_key") == "exact"
+
+
+# Envs whose won episode proves a route a lesson can state: the reader of the shortest one the
+# episode's observations show (a lesson of the moves as played keeps the detours and bumps).
+_ROUTE_READERS = {
+    "CRL/MiniHackRoom-v0": "crl_envs.minihack.oracle.paths:walk_to_stairs",
+    "CRL/MiniHackMaze-v0": "crl_envs.minihack.oracle.paths:walk_to_stairs",
+}
+
+
+def winning_route(env_id: str, observations: list[str]) -> list[str] | None:
+    """The shortest route from the start to the goal that a won episode's ``observations`` (in
+    order) show, for envs whose goal is a place (MiniHack Room and Maze); None elsewhere, or
+    where the observations show none.
+
+    >>> winning_route("CRL/Sokoban-v0", ["# # #"]) is None
+    True
+    """
+    reader = _ROUTE_READERS.get(env_id)
+    return load_env_creator(reader)(observations) if reader else None
 
 
 def check_make_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> None:

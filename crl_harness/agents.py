@@ -151,6 +151,6 @@ def run_episode(env: gym.Env, agent: Agent, spec: EpisodeSpec) -> Trajectory:
     traj.experience_ids = list(reset_info.get("experience_ids", []))
     traj.retrieval_key = str(reset_info.get("retrieval_query") or "")
     traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score,
-                                    level=traj.retrieval_key)
+                                    level=traj.retrieval_key, env_id=traj.env_id)
     traj.final_observation = episode.observation
     return traj

@@ -296,7 +296,7 @@ class RolloutEngine:
         if not (traj.terminated or traj.truncated or traj.error):
             traj.truncated = True  # ended by the engine's turn cap, which the env never saw
         traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score, traj.gate,
-                                        traj.retrieval_key)
+                                        traj.retrieval_key, traj.env_id)
         traj.system, traj.final_observation = episode.conversation.system, episode.state
         results[index] = traj
         if traj.error:

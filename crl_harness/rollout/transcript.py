@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from crl_envs import winning_route
 from crl_harness.rollout.records import GateRecord, Turn
 
 __all__ = ["transcript_of"]
@@ -24,10 +25,12 @@ def _gate_line(gate: GateRecord) -> str:
 
 
 def transcript_of(task: str, turns: Sequence[Turn], won: bool, score: float,
-                  gate: GateRecord | None = None, level: str = "") -> str:
+                  gate: GateRecord | None = None, level: str = "", env_id: str = "") -> str:
     """The episode as plain text: task, the level's retrieval key (``level``, when the env gives
     one), the gate's verdict when there was one, then each observation and action (or ask), the
-    moves played in one line, then the outcome."""
+    moves played in one line, for a won episode of an env whose goal is a place the shortest
+    route to it that the observations show (``crl_envs.winning_route``: the played moves without
+    their detours and wall bumps), then the outcome."""
     lines = [f"Task: {task}"] if task else []
     if level:
         lines.append(f"Level: {level}")
@@ -42,5 +45,8 @@ def transcript_of(task: str, turns: Sequence[Turn], won: bool, score: float,
         lines.append(f"[Action {index}] {action}")
     moves = [t.action for t in turns if t.ask is None and t.format_ok and t.action]
     lines.append(f"[Moves played] {', '.join(moves) if moves else '(none)'}")
+    route = winning_route(env_id, [t.observation for t in turns]) if won and env_id else None
+    if route:
+        lines.append(f"[Shortest route to the goal] {', '.join(route)}")
     lines.append(f"[Outcome] {'success' if won else 'failure'} (score {score:g})")
     return "\n".join(lines)

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from crl_envs.minihack.oracle import moves_along, parse_observation, shortest_walk
+import crl_envs
 from crl_envs.minihack.render import level_key
 from crl_envs.oracles import make_oracle
 from crl_harness.experience.distill import DistillationRequest, distill_prompt
@@ -150,21 +150,13 @@ def advice_check(entry: ExperienceEntry, observation: str) -> str | None:
 def winning_route(trajectory: Trajectory) -> list[str]:
     """The moves from the start to the goal that a won attempt's observations show.
 
-    MiniHack: a shortest walk from the start over the floor cells the attempt saw (exploring in
-    the dark wanders; the lesson should not). Otherwise (Sokoban): the attempt's own moves.
+    MiniHack Room and Maze: a shortest walk from the start over the floor cells the attempt saw
+    (``crl_envs.winning_route``: exploring in the dark wanders; the lesson should not), the
+    route the transcript's "[Shortest route to the goal]" line states. Otherwise (Sokoban): the
+    attempt's own moves.
     """
-    views = [parse_observation(t.observation) for t in trajectory.turns]
-    if views and all(views):
-        cells: dict[tuple[int, int], str] = {}
-        for view in views:
-            cells.update(view.cells)
-        floor = {cell for cell, char in cells.items() if char in (".", "<", ">")}
-        stairs = [cell for cell, char in cells.items() if char == ">"]
-        start = views[0].hero
-        walk = shortest_walk(floor, set(), start, stairs[0]) if stairs else None
-        if walk:
-            return moves_along(start, walk)
-    return [t.action or "" for t in trajectory.turns]
+    route = crl_envs.winning_route(trajectory.env_id, [t.observation for t in trajectory.turns])
+    return route or [t.action or "" for t in trajectory.turns]
 
 
 def reply_ids(tokenizer: Any, text: str) -> list[int]:
@@ -251,7 +243,7 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
                 left_route = route is not None and t < len(route)
                 oracle.reset(state, episode.info)
         traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score,
-                                        level=traj.retrieval_key)
+                                        level=traj.retrieval_key, env_id=traj.env_id)
         return traj
     finally:
         env.close()
@@ -434,16 +426,21 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
 
 
 def _own_lesson(trajectory: Trajectory) -> ExperienceEntry:
-    """The lesson ``route_advice`` writes for the trajectory's level: its moves as played."""
-    return route_advice(trajectory.env_id, trajectory.turns[0].observation,
-                        [t.action or "" for t in trajectory.turns], task=trajectory.task,
-                        key=trajectory.retrieval_key)
+    """The lesson ``route_advice`` writes for the trajectory's level: the shortest route its
+    observations show where the env has one (``winning_route``: what the transcript's
+    "[Shortest route to the goal]" line says, and the routes the actor learnt to follow), else
+    its moves as played."""
+    moves = winning_route(trajectory) if trajectory.won else \
+        [t.action or "" for t in trajectory.turns]
+    return route_advice(trajectory.env_id, trajectory.turns[0].observation, moves,
+                        task=trajectory.task, key=trajectory.retrieval_key)
 
 
 def taught_answer(episode: AdvisedEpisode) -> str:
     """The answer the warm start teaches for ``episode`` (``answer_class``): a won episode
-    upvotes the entry it followed, or adds its own route (its moves as played: a lesson the
-    extractor can copy from the transcript it reads); a lost one downvotes the entry it
+    upvotes the entry it followed, or adds its own route (the shortest the transcript states,
+    "[Shortest route to the goal]", else its moves as played: a lesson the extractor can copy
+    from the transcript it reads); a lost one downvotes the entry it
     followed if that is its level's own, or changes nothing."""
     kind = answer_class(episode)
     ops: list[dict[str, Any]]

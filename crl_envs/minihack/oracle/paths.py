@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from crl_envs.minihack.oracle.view import MOVE_NAMES, MOVES, Cell, ParsedView
+from crl_envs.minihack.oracle.view import MOVE_NAMES, MOVES, Cell, ParsedView, parse_observation
 from crl_envs.minihack.render import OPEN_DOOR, UNEXPLORED
 
 __all__ = ["step_cost", "cheapest_paths", "cheapest_first_step", "shortest_walk", "moves_along",
@@ -116,3 +116,26 @@ def adjacent_monster(view: ParsedView) -> str | None:
         if view.cells.get((hx + dx, hy + dy), "").isalpha() and step_cost(view, view.hero, (hx + dx, hy + dy)):
             return name
     return None
+
+
+def walk_to_stairs(observations: list[str]) -> list[str] | None:
+    """The shortest walk from the first observation's hero cell to the stairs down over the floor
+    cells the observations show (an episode's, in order): the route a won episode of a stairs
+    task (Room, Maze) proves, without its detours and wall bumps; None where no observation
+    shows the stairs or no walk over the seen floor reaches them.
+
+    >>> walk_to_stairs(["You cannot move that way."]) is None
+    True
+    """
+    views = [parse_observation(o) for o in observations]
+    views = [v for v in views if v is not None]
+    if not views:
+        return None
+    cells: dict[Cell, str] = {}
+    for view in views:
+        cells.update(view.cells)
+    stairs = [cell for cell, char in cells.items() if char == ">"]
+    floor = {cell for cell, char in cells.items() if char in (".", "<", ">")}
+    start = views[0].hero
+    walk = shortest_walk(floor, set(), start, stairs[0]) if stairs else None
+    return moves_along(start, walk) if walk else None

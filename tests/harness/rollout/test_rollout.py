@@ -165,7 +165,7 @@ class Tips:
             id, text = "tip-1", "Never push a box into a corner."
         return [Item()]
 
-    def report_outcome(self, ids, score, critic=None, baseline=None):
+    def report_outcome(self, ids, score, critic=None, baseline=None, env_id="", query=""):
         self.reports.append((ids, score))
 
 

@@ -563,8 +563,8 @@ def test_hardening_warmstart_bad_configs(tiny, tmp_path):
                             ("warmstart.episodes=0", "warmstart.episodes"),
                             ("warmstart.extractor_epochs=0", "warmstart.extractor_epochs"),
                             ("warmstart.lora.enabled=false", "LoRA adapters only"),
-                            ("warmstart.seed_offset=0", "overlap the training seeds"),
-                            ("tasks.heldout_offset=2", "overlap the training seeds"),
+                            ("warmstart.seed_offset=0", "warm-start seeds"),
+                            ("tasks.heldout_offset=2", "held-out seeds"),
                             ("tasks.heldout_offset=-1", "tasks.heldout_offset")):
         with pytest.raises(ConfigError, match=match):
             _config(tiny, tmp_path, override)
