@@ -166,7 +166,8 @@ class HFBackend:
         if width + max_new_tokens > self.max_context:
             raise ValueError(
                 f"A prompt of {width} tokens plus {max_new_tokens} new tokens exceeds the model's "
-                f"context of {self.max_context}; shorten the history (history=k) or max_new_tokens."
+                f"context of {self.max_context}; lower max_new_tokens, shorten the prompt (its "
+                "system prompt, experience or observation), or use a model with a longer context."
             )
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
