@@ -434,3 +434,18 @@ def test_hardening_initial_bank_given_the_bank_file_names_the_export_in_one_line
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "is a bank file (SQLite); give its JSONL export" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("empty", ["/dev/null", "empty.yaml"])
+def test_hardening_an_empty_config_file_is_refused_not_trained_with_the_defaults(
+        tmp_path, capsys, monkeypatch, empty):
+    from crl_harness.commands import train
+
+    monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("the run started"))
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    path = empty if empty.startswith("/") else str(tmp_path / empty)
+    assert main(["train", path]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        "the file sets nothing; give a config (e.g. cpu-demo) or write the keys that differ "
+        "from the defaults")
