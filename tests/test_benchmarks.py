@@ -345,3 +345,32 @@ def test_extractor_quality_counts_each_taught_case_right_other_or_malformed(tmp_
         if case == "return, misled":  # another level's route, followed and lost: not its fault
             wrong = '<answer>[{"op": "downvote", "target_idx": 0}]</answer>'
             assert quality.verdict(wrong, shown, ops) == "other"
+
+
+def test_hardening_bank_replay_escapes_bank_text_and_bounds_its_lines(tmp_path, monkeypatch):
+    """A lesson's moves are bank text: terminal escapes (a title change, a screen clear), NUL
+    and a megabyte move used to reach the terminal as written."""
+    import doctest
+
+    from crl_harness.config import config_to_dict, load_config
+    from crl_harness.experience.bank import ExperienceBank
+
+    (tmp_path / "config.json").write_text(json.dumps(config_to_dict(load_config("cpu-demo"))))
+    script = EFFICACY.parent / "bank_replay.py"
+    monkeypatch.syspath_prepend(str(script.parent))
+    import bank_replay
+
+    assert doctest.testmod(bank_replay).failed == 0
+    cfg = load_config(str(tmp_path / "config.json"), [])
+    _, keys, _ = bank_replay.replay_bank(cfg, [])
+    hostile = "\x1b]0;owned\x07south\x1b[2J\x00, " + "x" * 1_000_000
+    with ExperienceBank(tmp_path / "bank.sqlite") as bank:
+        bank.add(cfg.tasks.envs[0].id, f"Winning moves from {keys[0]}",
+                 f"from the start, play {hostile}.")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not any(c in done.stdout for c in "\x1b\x07\x00")
+    assert "\\x1b]0;owned\\x07south\\x1b[2J\\x00, xxx" in done.stdout
+    assert "more characters)" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) < 600
