@@ -16,16 +16,37 @@ Then what a guided episode of each level is handed now: the env's reset through 
 (``experience.k`` and its re-rank; the bank's entries in their order, retrieval counts afresh),
 each lesson named as the level's own or another's and played on the level (``--set`` changes
 the run's settings first: what other retrieval settings would hand). The bank is opened
-read-only (a live run may hold it).
+read-only (a live run may hold it). Text from the bank reaches the terminal through
+``printable``: control characters escaped, each field cut to ``SHOWN_CHARS``.
 """
 
 from __future__ import annotations
 
 import argparse
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+SHOWN_CHARS = 200
+"""the most characters of one bank text (a lesson's moves, a level key) a line shows"""
+
+
+def printable(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` as a terminal may show it: control, format and unassigned characters (escape
+    sequences that retitle or clear a terminal, NUL, bidi overrides, newlines) written as
+    Python escapes, and at most ``limit`` characters, then how many were left out.
+
+    >>> printable("south\\x1b[2J\\x00")
+    'south\\\\x1b[2J\\\\x00'
+    >>> printable("x" * 300, limit=4)
+    'xxxx... (296 more characters)'
+    """
+    head = "".join(char.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(char)[0] == "C" else char for char in text[:limit])
+    left_out = len(text) - limit
+    return head + (f"... ({left_out} more characters)" if left_out > 0 else "")
 
 
 @dataclass
@@ -168,17 +189,17 @@ def main() -> None:
     for seed, key in keys.items():
         mine = [r for r in replays if r.seed == seed]
         wins = sum(r.won for r in mine)
-        print(f"level {seed} ({key}): {len(mine)} distinct lesson(s), {wins} win"
+        print(f"level {seed} ({printable(str(key))}): {len(mine)} distinct lesson(s), {wins} win"
               + ("" if mine else "; none of its own"))
         for r in mine:
             print(f"  {'wins ' if r.won else 'loses'}  x{r.copies:<3} votes {r.votes:<3} "
-                  f"{', '.join(r.moves)}")
+                  f"{printable(', '.join(r.moves))}")
     handed = handed_lessons(cfg, entries, keys)
     for seed in keys:
         mine = [h for h in handed if h.seed == seed]
         for h in mine:
             outcome = "a lesson in words" if h.won is None else (
-                f"{h.whose} {', '.join(h.moves)}: {'wins' if h.won else 'loses'}")
+                f"{h.whose} {printable(', '.join(h.moves))}: {'wins' if h.won else 'loses'}")
             print(f"level {seed} retrieves {outcome}")
         if not mine:
             print(f"level {seed} retrieves nothing")

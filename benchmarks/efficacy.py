@@ -386,6 +386,10 @@ def main() -> None:
     started = time.perf_counter()
     done = [(arm, seed) for arm, seed in runs if args.reuse and finished_run(
         run_config(args.config, arm, args.actor, seed, args.steps, out, overrides), parser)]
+    from reused_runs import reused_run_problem  # a tampered folder: one line, before evaluating
+    for problem in filter(None, (reused_run_problem(out / f"{a}-seed{s}", args.eval_levels)
+                                 for a, s in done)):
+        parser.error(f"--reuse: {problem}")
     if done:
         print("reused: " + ", ".join(f"{arm} seed {seed}" for arm, seed in done), flush=True)
     train_all([run for run in runs if run not in done], args, out, overrides)

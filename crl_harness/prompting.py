@@ -3,6 +3,8 @@
 Holds:
 - ``ANSWER_FORMAT``: the instruction that asks for the paper's ``<think>...</think><answer>ACTION</answer>``.
 - ``system_prompt``: env instructions + answer format + the experience block when present.
+- ``cut_experience``: the experience block cut to what fits (``EXPERIENCE_CUT_NOTE`` says so);
+  ``EXPERIENCE_SHARE``: how much of the first prompt's free room it may take.
 - ``parse_answer`` / ``ParsedAnswer``: the strict parser; anything else is a format failure.
 - ``last_answer_block``: the body of a reply's last ``<answer>...</answer>`` (the gate's verdict,
   the extractor's answers).
@@ -13,7 +15,7 @@ Holds:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from crl_harness.models.base import Message
@@ -21,6 +23,9 @@ from crl_harness.models.base import Message
 __all__ = [
     "ANSWER_FORMAT",
     "EXPERIENCE_HEADER",
+    "EXPERIENCE_CUT_NOTE",
+    "EXPERIENCE_SHARE",
+    "cut_experience",
     "ParsedAnswer",
     "parse_answer",
     "last_answer_block",
@@ -35,6 +40,10 @@ ANSWER_FORMAT = (
     "The answer holds a single action written as the rules above say."
 )
 EXPERIENCE_HEADER = "Distilled knowledge from earlier experience (use it when it helps):"
+EXPERIENCE_CUT_NOTE = "[The rest of this knowledge was cut to fit the model's context.]"
+EXPERIENCE_SHARE = 0.5
+"""the share of the room the first prompt leaves in the context (without experience) that the
+experience may fill: the rest is for the history and for longer observations later on"""
 
 # The seam between the two blocks. The reply's ends are checked with str methods and the seam
 # searched once: a regex over the whole reply with two lazy groups is quadratic on replies
@@ -129,6 +138,51 @@ def system_prompt(instructions: str, experience: str = "", task: str = "",
     if experience.strip():
         parts.append(f"{EXPERIENCE_HEADER}\n{experience.strip()}")
     return "\n\n".join(parts)
+
+
+def cut_experience(units: Sequence[str], fits: Callable[[str], bool]) -> tuple[str, int]:
+    """The experience ``units`` (the retrieved entries' lines, best first) joined by newlines,
+    cut until ``fits(text)``: the most leading units that fit whole, else the longest head of
+    the first, then ``EXPERIENCE_CUT_NOTE``; "" when not even that fits. Returns the text and
+    how many units it shows (whole or in part), so that only those are credited.
+
+    Example:
+        >>> cut_experience(["- a", "- b"], lambda text: len(text) < 100)
+        ('- a\\n- b', 2)
+        >>> lines = ["- " + "a" * 40, "- " + "b" * 40, "- " + "c" * 40]
+        >>> text, shown = cut_experience(lines, lambda text: len(text) <= 110)
+        >>> shown, text == lines[0] + "\\n" + EXPERIENCE_CUT_NOTE
+        (1, True)
+        >>> cut_experience(["- " + "x" * 1000], lambda text: len(text) <= 80)[0][:10]
+        '- xxxxxxxx'
+    """
+    whole = "\n".join(units)
+    if not units or fits(whole):
+        return whole, len(units)
+
+    def shown(kept: Sequence[str]) -> str:
+        return "\n".join([*kept, EXPERIENCE_CUT_NOTE])
+
+    # Binary searches (a prompt is tokenised O(log n) times): the most units that fit whole ...
+    low, high = 0, len(units) - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(shown(units[:middle])):
+            low = middle
+        else:
+            high = middle - 1
+    if low:
+        return shown(units[:low]), low
+    # ... else the longest head of the first one (a single entry larger than the context)
+    first = units[0]
+    low, high = 0, len(first) - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(shown([first[:middle]])):
+            low = middle
+        else:
+            high = middle - 1
+    return (shown([first[:low]]), 1) if low else ("", 0)
 
 
 @dataclass

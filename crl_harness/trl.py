@@ -33,6 +33,7 @@ Example (the env side, as TRL drives it):
 from __future__ import annotations
 
 import importlib.util
+import numbers
 import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -164,6 +165,8 @@ def tasks_dataset(seeds: int | Iterable[int], options: Sequence[dict[str, Any]] 
     empty user message as the prompt (``CRLEnvironment.reset`` fills it) and the level's
     ``seed`` (``seeds``: the seeds, or a count: ``range(seeds)``); ``options``, one dict per
     seed, go to the env's ``reset`` (e.g. ``{"task_id": 7}`` for WebShop or ALFWorld).
+    A count is at least 1 and every seed a whole number in [0, 2^63): a string (``"12"``, whose
+    characters would be the seeds), a float (``2.7``) or a negative seed is refused in one line.
 
     Example:
         >>> tasks_dataset(3)[1]
@@ -172,7 +175,7 @@ def tasks_dataset(seeds: int | Iterable[int], options: Sequence[dict[str, Any]] 
     _require_trl()
     from datasets import Dataset
 
-    seeds = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    seeds = _checked_seeds(seeds)
     columns: dict[str, list[Any]] = {
         "prompt": [[{"role": "user", "content": ""}] for _ in seeds], "seed": seeds}
     if options is not None:
@@ -180,3 +183,24 @@ def tasks_dataset(seeds: int | Iterable[int], options: Sequence[dict[str, Any]] 
             raise ValueError(f"tasks_dataset: {len(options)} options for {len(seeds)} seeds.")
         columns["options"] = [dict(o) for o in options]
     return Dataset.from_dict(columns)
+
+
+def _checked_seeds(seeds: int | Iterable[int]) -> list[int]:
+    """``tasks_dataset``'s seeds as a list, or the one-line error of what is wrong with them."""
+    if isinstance(seeds, numbers.Integral) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise ValueError(f"tasks_dataset: a count of seeds must be >= 1, got {seeds}.")
+        return list(range(int(seeds)))
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
+        raise TypeError(f"tasks_dataset: seeds must be a count or a list of whole numbers, got "
+                        f"{type(seeds).__name__} {str(seeds)[:40]!r}.")
+    listed = list(seeds)
+    if not listed:
+        raise ValueError("tasks_dataset: the list of seeds is empty; give at least one.")
+    for seed in listed:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"tasks_dataset: every seed must be a whole number, got "
+                            f"{type(seed).__name__} {str(seed)[:40]!r}.")
+        if not 0 <= seed < 2**63:
+            raise ValueError(f"tasks_dataset: seeds must be in [0, 2^63), got {seed}.")
+    return [int(seed) for seed in listed]

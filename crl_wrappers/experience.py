@@ -51,7 +51,8 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
     levels share one task text gives one, e.g. MiniHack: the start cell and what is in view),
     else ``info["task"]`` (the task text is the key of the level), else, for an env with neither,
     the first observation; the top-``k`` items go to
-    ``info["experience"]`` (the text, "" when none) and ``info["experience_ids"]``, and into the
+    ``info["experience"]`` (the text, "" when none), ``info["experience_ids"]`` and
+    ``info["experience_texts"]`` (each item's text, in the order of the ids), and into the
     reset observation (``placement="observation"``) or ``info["instructions"]``
     (``placement="instructions"``, for a harness that builds the system prompt from it), under
     ``header`` (``experience_block``, ``with_experience``); ``placement="info"`` leaves both
@@ -122,6 +123,7 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
         self._reported = not self._episode_ids
         info["experience"] = text
         info["experience_ids"] = list(self._episode_ids)
+        info["experience_texts"] = [item.text for item in items]
         if text and self.placement == "observation":
             observation = _prepend_within(self.observation_space,
                                           experience_block(text, self.header), observation)

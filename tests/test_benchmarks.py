@@ -211,6 +211,55 @@ def test_hardening_efficacy_reuse_reads_a_finished_run_of_the_same_config_only(m
     assert "no readable config.json" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("tamper, message", [
+    ({"metrics.jsonl": ""}, "metrics.jsonl holds no step"),
+    ({"metrics.jsonl": '{"step": 1, "success/all": "0.5", "episodes/all": 32}\n'},
+     "metrics.jsonl record 1: success/all is not a number"),
+    ({"heldout.json": '{"outcomes": {"level a": true}}'}, "heldout.json's levels are not"),
+    ({"heldout.json": "[1, 2]"}, 'heldout.json is not {"outcomes"'),
+    ({"heldout.json": "\udcff"}, "cannot be read"),
+    ({}, "heldout.json holds 2 held-out levels, not the 3 of --eval-levels; rerun with "
+         "--eval-levels 2"),
+])
+def test_hardening_efficacy_reuse_refuses_a_tampered_run_folder_in_one_line(
+        monkeypatch, tmp_path, capsys, tamper, message):
+    """Emptied or edited files of a reused run, or another --eval-levels, used to end in a
+    traceback after the warm start was evaluated (or compare the shared levels silently)."""
+    import doctest
+    import json
+    import os
+
+    from crl_harness.config import config_to_dict
+
+    monkeypatch.syspath_prepend(str(EFFICACY.parent))
+    import efficacy
+    import reused_runs
+
+    assert doctest.testmod(reused_runs).failed == 0
+    threads = f"run.torch_threads={max(1, os.cpu_count() or 1)}"  # as efficacy.py sets it
+    cfg = efficacy.run_config("cpu-demo", "none", None, 0, 2, tmp_path, [threads])
+    run_dir = Path(cfg.run.output_dir)
+    run_dir.mkdir(parents=True)
+    offset = cfg.tasks.heldout_offset
+    files = {"config.json": json.dumps(config_to_dict(cfg)),
+             "heldout.json": json.dumps({"outcomes": {str(offset): True,
+                                                      str(offset + 1): False}}),
+             "metrics.jsonl": '{"step": 1, "success/all": 0.5, "episodes/all": 32}\n', **tamper}
+    for name, text in files.items():
+        (run_dir / name).write_text(text, errors="surrogateescape")
+    evaluated = []
+    monkeypatch.setattr("crl_harness.heldout.evaluate_levels", lambda *a, **k: evaluated.append(a))
+    monkeypatch.setattr(sys, "argv", ["efficacy.py", "--reuse", "--out", str(tmp_path),
+                                      "--arms", "none", "--repeats", "1", "--steps", "2",
+                                      "--eval-levels", "2" if tamper else "3"])
+    with pytest.raises(SystemExit) as stopped:
+        efficacy.main()
+    assert stopped.value.code == 2 and not evaluated
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("efficacy.py: error: --reuse: ") and message in err, err
+    assert "Traceback" not in err
+
+
 def test_efficacy_reuse_names_the_first_setting_that_differs(monkeypatch):
     monkeypatch.syspath_prepend(str(EFFICACY.parent))
     import efficacy
@@ -345,3 +394,32 @@ def test_extractor_quality_counts_each_taught_case_right_other_or_malformed(tmp_
         if case == "return, misled":  # another level's route, followed and lost: not its fault
             wrong = '<answer>[{"op": "downvote", "target_idx": 0}]</answer>'
             assert quality.verdict(wrong, shown, ops) == "other"
+
+
+def test_hardening_bank_replay_escapes_bank_text_and_bounds_its_lines(tmp_path, monkeypatch):
+    """A lesson's moves are bank text: terminal escapes (a title change, a screen clear), NUL
+    and a megabyte move used to reach the terminal as written."""
+    import doctest
+
+    from crl_harness.config import config_to_dict, load_config
+    from crl_harness.experience.bank import ExperienceBank
+
+    (tmp_path / "config.json").write_text(json.dumps(config_to_dict(load_config("cpu-demo"))))
+    script = EFFICACY.parent / "bank_replay.py"
+    monkeypatch.syspath_prepend(str(script.parent))
+    import bank_replay
+
+    assert doctest.testmod(bank_replay).failed == 0
+    cfg = load_config(str(tmp_path / "config.json"), [])
+    _, keys, _ = bank_replay.replay_bank(cfg, [])
+    hostile = "\x1b]0;owned\x07south\x1b[2J\x00, " + "x" * 1_000_000
+    with ExperienceBank(tmp_path / "bank.sqlite") as bank:
+        bank.add(cfg.tasks.envs[0].id, f"Winning moves from {keys[0]}",
+                 f"from the start, play {hostile}.")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not any(c in done.stdout for c in "\x1b\x07\x00")
+    assert "\\x1b]0;owned\\x07south\\x1b[2J\\x00, xxx" in done.stdout
+    assert "more characters)" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) < 600

@@ -88,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"crl swe filter: need 0 <= --min-rate < --max-rate <= 1, got {args.min_rate} and "
               f"{args.max_rate}.", file=sys.stderr)
         return 2
+    if args.min_attempts < 1:
+        print(f"crl swe filter: --min-attempts must be >= 1, got {args.min_attempts}.",
+              file=sys.stderr)
+        return 2
     try:
         tallies = tally(read_attempts(args.results))
     except (OSError, ValueError) as err:

@@ -40,7 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from crl_envs.errors import UserFacingError
-    from crl_harness.config import ConfigError, check_lora_fits, load_config
+    from crl_harness.config import (
+        ConfigError,
+        check_context_fits,
+        check_lora_fits,
+        load_config,
+    )
 
     if args.resume and args.overwrite:
         raise UserFacingError("--resume continues the run and --overwrite deletes it; give one.")
@@ -50,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, overrides)
         check_lora_fits(cfg, ("actor", "extractor"))
+        check_context_fits(cfg)
     except ConfigError as err:
         print(f"crl train: {err}", file=sys.stderr)
         return 2

@@ -6,8 +6,9 @@ Holds:
   ``WarmStartConfig``, ``LoRAConfig``, each field with its default and docstring;
   ``updated_lesson_steps``, ``HELDOUT_RESERVED``.
 - ``fields``: ``choice`` and ``bounded``, a field's allowed values declared beside its default.
-- ``validation``: ``ConfigError`` and the checks of a loaded config; ``check_lora_fits``, the
-  LoRA settings against their model before training.
+- ``validation``: ``ConfigError`` and the checks of a loaded config; ``check_lora_fits`` and
+  ``check_context_fits``, the LoRA settings and the replies' length against their model before
+  training.
 - ``loading``: ``load_config`` (a shipped name or a YAML path, overrides, then the checks),
   ``config_dir``, ``config_to_dict``.
 
@@ -41,7 +42,7 @@ from crl_harness.config.schema import (
     WarmStartConfig,
     updated_lesson_steps,
 )
-from crl_harness.config.validation import ConfigError, check_lora_fits
+from crl_harness.config.validation import ConfigError, check_context_fits, check_lora_fits
 
 __all__ = [
     "ConfigError",
@@ -56,6 +57,7 @@ __all__ = [
     "TrainConfig",
     "load_config",
     "check_lora_fits",
+    "check_context_fits",
     "config_to_dict",
     "config_dir",
     "updated_lesson_steps",

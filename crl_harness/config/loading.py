@@ -119,6 +119,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
             raise ConfigError(f"{resolved}: not valid YAML: {err}") from err
         if not OmegaConf.is_dict(loaded):
             raise ConfigError(f"{resolved}: the top level must be a mapping of keys")
+        if not loaded:  # an empty file (/dev/null, a typo'd redirect) would train the defaults
+            raise ConfigError(f"{resolved}: the file sets nothing; give a config (e.g. cpu-demo) "
+                              "or write the keys that differ from the defaults")
         for key in SWITCHES:
             value = OmegaConf.select(loaded, key, default=None)
             if value is not None:

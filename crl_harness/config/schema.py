@@ -184,7 +184,7 @@ class ActorConfig:
     """per turn"""
     history: Optional[int] = bounded(None, ge=0, why="null: all that fit")  # noqa: UP045 (OmegaConf)
     """earlier turns kept in the prompt (None: all that fit the context)"""
-    format_penalty: float = -0.1
+    format_penalty: float = bounded(-0.1, le=0, why="a penalty; 0 disables")
     """added to the episode reward per reply that breaks the answer format"""
     micro_batch_size: int = bounded(8, ge=1)
     """turns per forward/backward pass (gradients are accumulated)"""
@@ -221,7 +221,8 @@ class ExtractorConfig:
     """false (paper, released code): one sample per generation, A = reward - batch mean; true:
     weight a generation by how many rollouts used what it wrote (in the loss and the baseline),
     as if repeated once per use"""
-    format_penalty: Optional[float] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    format_penalty: Optional[float] = bounded(  # noqa: UP045 (OmegaConf reads typing.Optional)
+        None, le=0, why="a penalty; null: not trained")
     """reward of a malformed extractor answer, which then joins the batch (e.g. -1); null
     (released code): a malformed answer wrote nothing anyone used, so it is not trained"""
     max_grad_norm: float = bounded(1.0, gt=0)
@@ -296,7 +297,8 @@ class ExperienceConfig:
     actor trains from step 1 and guided slots retrieve once the bank holds something"""
     initial_bank: Optional[str] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """a bank export (``bank.jsonl``, e.g. a checkpoint's) whose entries a fresh run starts from;
-    none: a fresh run starts with an empty bank (arm none ignores it)"""
+    none: a fresh run starts with an empty bank (arm none ignores it). A bank file itself
+    (``bank.sqlite``) is refused at load, naming the export to give instead"""
 
 
 @dataclass

@@ -8,7 +8,8 @@ Holds:
   env mixture, training, held-out and warm-start seeds disjoint, trainable models, LoRA adapters
   to continue); ``_check_switch`` for the true-or-false ``SWITCHES``;
 - ``check_lora_fits``: the LoRA settings against their model's modules and layers, before
-  training (it reads the model's config file, so it is not run at load);
+  training (it reads the model's config file, so it is not run at load); ``check_context_fits``:
+  the replies' ``max_new_tokens`` against the model's context, likewise;
 - ``own_warm_start``: whether a learner continues the adapters its config's warm start writes.
 """
 
@@ -25,6 +26,7 @@ from crl_harness.config.schema import HELDOUT_RESERVED, LoRAConfig, TrainConfig
 __all__ = [
     "ConfigError",
     "check_lora_fits",
+    "check_context_fits",
     "own_warm_start",
     "SWITCHES",
 ]
@@ -90,6 +92,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     t = cfg.tasks
     if not t.envs:
         fail("tasks.envs", "the mixture is empty; list at least one env")
+    if not math.isfinite(sum(env.weight for env in t.envs)):
+        fail("tasks.envs", "the weights add up to more than a float holds; they are relative, "
+             "so scale them down (e.g. 1 and 3)")
     for i, env in enumerate(t.envs):
         if env.id not in crl_envs.ENV_IDS:
             fail(f"tasks.envs.{i}.id", f"unknown env '{env.id}'; known: {', '.join(crl_envs.ENV_IDS)}")
@@ -111,6 +116,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     e = cfg.experience
     if e.candidates < e.k:
         fail("experience.candidates", f"must be >= experience.k ({e.k}), got {e.candidates}")
+    if e.initial_bank and _is_sqlite(Path(e.initial_bank).expanduser()):
+        fail("experience.initial_bank", f"{e.initial_bank} is a bank file (SQLite); give its "
+             "JSONL export instead, e.g. a checkpoint's bank.jsonl")
     if e.min_query_coverage and e.retrieval != "bm25":
         fail("experience.min_query_coverage", "counts the query's words in an entry, which "
              "only experience.retrieval: bm25 reads; set it 0 with dense retrieval")
@@ -174,6 +182,17 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         if overlap(warm, seeds):
             fail("warmstart.seed_offset", f"the warm-start seeds [{warm.start}, {warm.stop}) "
                  f"overlap the {name} seeds [{seeds.start}, {seeds.stop}); move one range")
+
+
+def _is_sqlite(path: Path) -> bool:
+    """Whether ``path`` is a readable file that starts as every SQLite database does."""
+    try:
+        if not path.is_file():  # a FIFO would block the read
+            return False
+        with open(path, "rb") as handle:
+            return handle.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False  # missing or unreadable: the trainer says so when it opens it
 
 
 def _model_key(name: str) -> str:
@@ -258,10 +277,9 @@ def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
     a ``ConfigError`` naming the key. The model is built from its config file on the meta device
     (no weights are read), so this runs before any model loads."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from crl_harness.models.base import ModelNotFoundError
-    from crl_harness.models.model_folder import adapter_base, is_adapter_folder
     from crl_harness.models.names import resolve_model_path
 
     specs = {"actor": cfg.actor.model, "warmstart": cfg.warmstart.model,
@@ -284,12 +302,8 @@ def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
                 raise ConfigError(f"bad config key '{problem[0]}': {problem[1]}")
         if lora.init_from is not None:  # its own adapter_config.json fixes the shape (load time)
             continue
-        try:
-            path = resolve_model_path(specs[learner].removeprefix("hf:"))
-            if is_adapter_folder(Path(path)):  # adapters are merged into their base first
-                path = resolve_model_path(adapter_base(Path(path)))
-            config = AutoConfig.from_pretrained(path)
-        except (ModelNotFoundError, OSError, ValueError):
+        config = _model_config(specs[learner])
+        if config is None:
             continue  # no such model: loading it (or the dry run) says so in one line
         with torch.device("meta"):
             names = [name for name, _ in AutoModelForCausalLM.from_config(config).named_modules()]
@@ -305,3 +319,45 @@ def check_lora_fits(cfg: TrainConfig, learners: Sequence[str]) -> None:
         if layers is not None and lora.top_layers > layers:
             raise ConfigError(f"bad config key '{learner}.lora.top_layers': {specs[learner]} has "
                               f"{layers} layers, got {lora.top_layers}")
+
+
+def _model_config(spec: str) -> Any:
+    """The transformers config of the ``hf:`` model ``spec`` (an adapter folder's base), read
+    from its config file without its weights; None when it is not on this machine (loading it
+    says so) or ``spec`` is not an ``hf:`` model."""
+    from transformers import AutoConfig
+
+    from crl_harness.models.base import ModelNotFoundError
+    from crl_harness.models.model_folder import adapter_base, is_adapter_folder
+    from crl_harness.models.names import resolve_model_path
+
+    if not spec.startswith("hf:"):
+        return None
+    try:
+        path = resolve_model_path(spec.removeprefix("hf:"))
+        if is_adapter_folder(Path(path)):  # adapters are merged into their base first
+            path = resolve_model_path(adapter_base(Path(path)))
+        return AutoConfig.from_pretrained(path)
+    except (ModelNotFoundError, OSError, ValueError):
+        return None
+
+
+def check_context_fits(cfg: TrainConfig) -> None:
+    """``actor.max_new_tokens`` and ``extractor.max_new_tokens`` against their model's context
+    (its ``max_position_embeddings``, read from its config file, as the trainer's backends take
+    it): a reply may take at most half of it, the rest is for the prompt (``crl eval
+    --max-new-tokens`` has the same bound), or a ``ConfigError`` naming the key. Run before a
+    run folder is made, and before ``--dry-run`` says the models check out."""
+    specs = {"actor": cfg.actor.model}
+    if cfg.uses_experience:  # arm none never runs the extractor
+        specs["extractor"] = cfg.actor.model if cfg.extractor.model == "same" \
+            else cfg.extractor.model
+    for learner, spec in specs.items():
+        config = _model_config(spec)
+        context = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None) \
+            if config is not None else None
+        tokens = getattr(cfg, learner).max_new_tokens
+        if isinstance(context, int) and tokens > context // 2:
+            raise ConfigError(f"bad config key '{learner}.max_new_tokens': {spec} has a context "
+                              f"of {context} tokens and a reply may take at most half of it "
+                              f"({context // 2}), got {tokens}")

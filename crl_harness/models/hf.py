@@ -20,7 +20,7 @@ from crl_harness.models.base import (
     encode_chat,
     stop_token_ids,
 )
-from crl_harness.models.hf_generation import decode_batch, sample_next_token
+from crl_harness.models.hf_generation import decode_batch, row_generators, sample_next_token
 from crl_harness.models.hf_loading import (
     cpu_computes_bf16,
     hub_reachable,
@@ -166,10 +166,11 @@ class HFBackend:
         if width + max_new_tokens > self.max_context:
             raise ValueError(
                 f"A prompt of {width} tokens plus {max_new_tokens} new tokens exceeds the model's "
-                f"context of {self.max_context}; shorten the history (history=k) or max_new_tokens."
+                f"context of {self.max_context}; lower max_new_tokens, shorten the prompt (its "
+                "system prompt, experience or observation), or use a model with a longer context."
             )
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
+        generators = row_generators(
+            seed if seed is not None else int(torch.randint(2**62, ()).item()), len(prompt_ids))
         order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
         results: list[Generation | None] = [None] * len(prompt_ids)
         with self._lock:
@@ -180,7 +181,7 @@ class HFBackend:
                 if self.prefix_store is not None:
                     self._share_prefixes(prompts)
                 generations = decode_batch(self, prompts, max_new_tokens, temperature, top_p,
-                                           generator, stop=tuple(stop))
+                                           [generators[i] for i in indices], stop=tuple(stop))
                 for index, generation in zip(indices, generations, strict=True):
                     results[index] = generation
         return results  # type: ignore[return-value]

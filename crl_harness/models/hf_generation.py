@@ -3,6 +3,9 @@
 Holds:
 - ``sample_next_token``: one token per row of logits under temperature and top-p, with the
   log-prob of the distribution it was sampled from.
+- ``row_generators``: one random generator per prompt of a seeded batch, so that a row's draws
+  depend on the seed and its place in the batch only, never on which rows the KV cache
+  prefilled together, how the batch was split, or when the other rows finished.
 - ``decode_batch``: one batch of an ``HFBackend``: prefill what its prefix store lacks, in runs of
   similar lengths (``prefill_runs``), into one slab cache, then sample step by step, moving
   finished rows out of the batch (``ends_with_stop``: a stop string met) and storing their keys
@@ -17,20 +20,46 @@ keeping a vocabulary-sized score tensor per step; rows that have finished leave 
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from crl_harness.models.base import LENGTH, STOP, Generation
 
-__all__ = ["decode_batch", "ends_with_stop", "prefill_runs", "sample_next_token"]
+__all__ = ["decode_batch", "ends_with_stop", "prefill_runs", "row_generators",
+           "sample_next_token"]
 
 
-def sample_next_token(logits: Any, temperature: float, top_p: float, generator: Any = None):
+def row_generators(seed: int, rows: int) -> list[Any]:
+    """One CPU ``torch.Generator`` per row, each seeded from ``seed`` and the row's index mixed
+    by a hash (``seed + index`` would give turn t + 1's row 0 turn t's row 1's draws: the
+    engine seeds consecutive turns with consecutive seeds). On the CPU whatever the device: a
+    draw per row and step is one number, and the draws are then the same on every device.
+
+    >>> import torch
+    >>> a, b = row_generators(7, 2), row_generators(7, 3)
+    >>> [float(torch.rand(1, generator=g)) for g in a] == [float(torch.rand(1, generator=g))
+    ...                                                     for g in b[:2]]
+    True
+    """
+    import torch
+
+    generators = []
+    for index in range(rows):
+        digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+        generators.append(torch.Generator().manual_seed(int.from_bytes(digest, "little")))
+    return generators
+
+
+def sample_next_token(logits: Any, temperature: float, top_p: float,
+                      generators: Sequence[Any] | None = None):
     """Sample one token per row of ``logits`` and return ``(token_ids, logprobs)``.
 
     ``temperature <= 0`` is greedy decoding (log-probs then come from the untempered
     distribution). Otherwise logits are divided by the temperature, tokens outside the top-p
     nucleus are removed, and the log-prob is that of the renormalised distribution actually
-    sampled from.
+    sampled from. ``generators``: one per row (``row_generators``), each drawing that row's one
+    uniform number; None: torch's global generator.
 
     Example:
         >>> import torch
@@ -59,7 +88,11 @@ def sample_next_token(logits: Any, temperature: float, top_p: float, generator: 
     # Inverse-CDF sampling: one uniform number per row. torch.multinomial draws a random number
     # per vocabulary entry on a CPU (23 ms for 32 rows x 49k, a fifth of a decode step).
     cdf = logps.exp().cumsum(dim=-1)
-    uniform = torch.rand((logits.shape[0], 1), generator=generator, device=logits.device)
+    if generators is None:
+        uniform = torch.rand((logits.shape[0], 1), device=logits.device)
+    else:
+        uniform = torch.cat([torch.rand(1, generator=g, device="cpu") for g in generators])
+        uniform = uniform[:, None].to(logits.device)  # drawn on the host: the same everywhere
     # side="right": the first token whose cumulative mass exceeds the draw, never one of mass 0
     tokens = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True)[:, 0]
     tokens = tokens.clamp_(max=logits.shape[-1] - 1)
@@ -94,7 +127,7 @@ def ends_with_stop(tokenizer: Any, tokens: list[int], stop: tuple[str, ...]) -> 
 
 
 def decode_batch(backend: Any, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                 top_p: float, generator: Any, shared: bool = False,
+                 top_p: float, generators: Sequence[Any] | None, shared: bool = False,
                  stop: tuple[str, ...] = ()) -> list[Generation]:
     """Prefill what is not stored yet, then sample up to ``max_new_tokens`` per prompt.
 
@@ -107,7 +140,8 @@ def decode_batch(backend: Any, prompts: list[list[int]], max_new_tokens: int, te
     answer; the attention mask hides the unused columns between them. Rows are ordered by
     how many new tokens they bring and prefilled in runs of similar counts (``prefill_runs``),
     so that one long newcomer does not pad every row to its length. ``max_new_tokens=0``
-    only prefills and stores (shared prefixes).
+    only prefills and stores (shared prefixes). ``generators``: one per prompt, in the order of
+    ``prompts`` (each row samples from its own, whatever its place in the slab).
     """
     import torch
 
@@ -173,7 +207,9 @@ def decode_batch(backend: Any, prompts: list[list[int]], max_new_tokens: int, te
         cache = SlabCache(slab, C + S)
         next_positions = torch.tensor([len(prompts[i]) for i in live], device=backend.device)
         for step in range(max_new_tokens):
-            chosen, chosen_logps = sample_next_token(logits, temperature, top_p, generator)
+            chosen, chosen_logps = sample_next_token(
+                logits, temperature, top_p,
+                None if generators is None else [generators[index] for index in live])
             keep = []
             for row, (token, logp) in enumerate(zip(chosen.tolist(), chosen_logps.tolist(),
                                                     strict=True)):

@@ -127,6 +127,8 @@ class RolloutEngine:
                     else:
                         live.append((index, episode))
                         fresh.append(episode)
+                for episode in fresh:
+                    episode.fit_experience(self._budget(), self.backend.count_tokens)
                 if cfg.actor_critic_gate:
                     self._gate([e for e in fresh if e.spec.use_experience and e.experience])
                 if not live:
@@ -174,9 +176,13 @@ class RolloutEngine:
     def _next_seed(self) -> int | None:
         return next(self._seeds) if self._seeds is not None else None
 
+    def _budget(self) -> int:
+        """The tokens a prompt may hold: the context less a reply's."""
+        return self.backend.max_context - self.config.max_new_tokens
+
     def _generate(self, episodes: list[LiveEpisode]) -> list[Generation]:
         cfg = self.config
-        budget = self.backend.max_context - cfg.max_new_tokens
+        budget = self._budget()
         prompts = [e.conversation.messages(budget, self.backend.count_tokens) for e in episodes]
         # The ask's closing tag ends a reply, as the released code's stop string does; passed
         # only when the tool is on, so backends without stop strings work as before.
@@ -189,8 +195,17 @@ class RolloutEngine:
             return self.backend.generate(prompts, **sampling)
         # Token in, token out: each prompt extends the last one and its sampled reply as they
         # were, so an episode packs into one training row and its keys and values are reused.
-        return from_ids([episode.prompt_ids(tokenizer, messages, budget)
-                         for episode, messages in zip(episodes, prompts, strict=True)], **sampling)
+        ids = [episode.prompt_ids(tokenizer, messages, budget)
+               for episode, messages in zip(episodes, prompts, strict=True)]
+        # A prompt that does not fit even with its history dropped (an observation larger than
+        # the context) ends its own episode; the batch goes on.
+        fitting = [i for i, prompt in enumerate(ids) if len(prompt) <= budget]
+        results = [Generation("", prompt, [], [], "", error=_over_context(len(prompt), budget))
+                   for prompt in ids]
+        for i, generation in zip(fitting, from_ids([ids[i] for i in fitting], **sampling),
+                                 strict=True):
+            results[i] = generation
+        return results
 
     def _gate(self, episodes: list[LiveEpisode]) -> None:
         """The actor-critic gate, one batched turn: each episode's actor judges the experience
@@ -198,7 +213,16 @@ class RolloutEngine:
         if not episodes:
             return
         cfg = self.config
+        budget = self._budget()
         prompts = [gate_messages(e.task_prompt(), e.state, e.experience) for e in episodes]
+        sizes = [self.backend.count_tokens(prompt) for prompt in prompts]
+        for episode, size in zip(episodes, sizes, strict=True):
+            if size > budget:
+                episode.trajectory.error, episode.done = _over_context(size, budget), True
+        episodes = [e for e, size in zip(episodes, sizes, strict=True) if size <= budget]
+        prompts = [p for p, size in zip(prompts, sizes, strict=True) if size <= budget]
+        if not episodes:
+            return
         generations = self.backend.generate(
             prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
             top_p=cfg.top_p, seed=self._next_seed())
@@ -218,6 +242,7 @@ class RolloutEngine:
                 episode.set_experience("")
             elif verdict.verdict == "refine":
                 episode.set_experience(verdict.knowledge)
+                episode.fit_experience(budget, self.backend.count_tokens)
 
     def _record(self, episode: LiveEpisode, generation: Generation) -> Turn:
         query = parse_ask(generation.text, stopped=generation.finish_reason == STOP) \
@@ -326,3 +351,10 @@ class RolloutEngine:
             return ""
 
         return call
+
+
+def _over_context(tokens: int, budget: int) -> str:
+    """The error of an episode whose prompt does not fit the context."""
+    return (f"the prompt holds {tokens} tokens, more than the {budget} the context leaves beside "
+            "a reply (max_new_tokens), even with the history dropped and the experience cut: "
+            "an observation too large for this model")

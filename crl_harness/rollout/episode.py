@@ -13,6 +13,7 @@ Importing it registers the CRL env ids (``crl_envs``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -20,7 +21,13 @@ import gymnasium as gym
 import crl_envs  # noqa: F401  (registers the CRL ids)
 from crl_harness.experience.entries import clean_text
 from crl_harness.models.base import Message, chat_text, continued_prompt_ids
-from crl_harness.prompting import ANSWER_FORMAT, Conversation, system_prompt
+from crl_harness.prompting import (
+    ANSWER_FORMAT,
+    EXPERIENCE_SHARE,
+    Conversation,
+    cut_experience,
+    system_prompt,
+)
 from crl_harness.rollout.records import EpisodeSpec, Trajectory, Turn
 from crl_wrappers.experience import ExperienceAugmentation, Retriever, with_experience
 
@@ -58,7 +65,8 @@ class LiveEpisode:
     the system prompt places it after the env's instructions (``with_experience``, the wrapper's
     own rendering of ``placement="instructions"``). ``experience`` is the text the system prompt
     carries; ``set_experience`` replaces it before the first turn (the actor-critic gate's
-    verdict).
+    verdict). ``fit_experience`` cuts it to what the context leaves room for (the engine calls
+    it before the first prompt), keeping the ids of the entries still shown.
 
     Text enters the prompts as valid Unicode (``clean_text``): a lone surrogate, which a JSON
     escape in a model's reply or a foreign env can produce, makes a tokenizer raise, and would
@@ -81,6 +89,8 @@ class LiveEpisode:
         self.done = False
         self.instructions = ""  # the env's instructions
         self.experience = ""
+        # the experience as units that can be cut apart: (text, ids of the entries it shows)
+        self._experience_units: list[tuple[str, list[str]]] = []
         self.task_line = ""  # the task, when the observation does not already state it
         self.answered_asks = 0
         self._prompt: tuple[str, list[int]] | None = None  # the last prompt's text and ids
@@ -102,6 +112,12 @@ class LiveEpisode:
         self.trajectory.retrieval_key = str(info.get("retrieval_query") or "")
         self.trajectory.experience_ids = list(info.get("experience_ids", []))
         self.trajectory.experience = self.experience
+        ids, texts = self.trajectory.experience_ids, info.get("experience_texts")
+        lines = [f"- {clean_text(t)}" for t in texts or ()]
+        if len(lines) == len(ids) and "\n".join(lines) == self.experience:
+            self._experience_units = [(line, [i]) for line, i in zip(lines, ids, strict=True)]
+        else:  # a retriever's text without its items: cut as one block
+            self._experience_units = [(self.experience, list(ids))] if self.experience else []
         self.conversation = Conversation(self._system(), self.history)
         self.state = observation
         self.observe(observation)
@@ -131,10 +147,38 @@ class LiveEpisode:
     def set_experience(self, text: str) -> None:
         """Replace the experience of the system prompt (before the first turn)."""
         self.experience = clean_text(text)
+        ids = list(self.trajectory.experience_ids)
+        self._experience_units = [(self.experience, ids)] if self.experience else []
         self.conversation.system = self._system()
 
-    def _system(self) -> str:
-        system = system_prompt(with_experience(self.instructions, self.experience),
+    def fit_experience(self, budget: int, count_tokens: Callable[[list[Message]], int]) -> None:
+        """Cut the experience (before the first turn) so that it takes at most
+        ``EXPERIENCE_SHARE`` of the ``budget`` tokens that the first prompt without it leaves:
+        the best entries whole, else the head of the first, and a note that says it was cut
+        (``cut_experience``). Only the entries still shown stay in ``experience_ids`` (credit
+        goes to what was used). Without this the system prompt, which history trimming always
+        keeps, outgrows the context once entries are many or long."""
+        if not self.experience:
+            return
+        base = count_tokens(self._first_prompt(""))
+        allowed = base + int(max(0, budget - base) * EXPERIENCE_SHARE)
+        units = [text for text, _ in self._experience_units]
+        text, shown = cut_experience(
+            units, lambda experience: count_tokens(self._first_prompt(experience)) <= allowed)
+        if shown == len(units) and text == self.experience:
+            return
+        self.experience = text
+        self.trajectory.experience_ids = [i for _, ids in self._experience_units[:shown]
+                                          for i in ids]
+        self.conversation.system = self._system()
+
+    def _first_prompt(self, experience: str) -> list[Message]:
+        return [{"role": "system", "content": self._system(experience)},
+                {"role": "user", "content": self.observation}]
+
+    def _system(self, experience: str | None = None) -> str:
+        experience = self.experience if experience is None else experience
+        system = system_prompt(with_experience(self.instructions, experience),
                                task=self.task_line, answer_format=self.answer_format)
         return f"{system}\n\n{self.tools}" if self.tools else system
 

@@ -78,3 +78,13 @@ def test_filter_rejects_bad_options_and_missing_file(tmp_path, capsys):
     assert "No results file" in capsys.readouterr().err
     assert main(["swe", "filter", str(tmp_path / "none.jsonl"), "--min-rate", "0.9"]) == 2
     assert "--min-rate < --max-rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("attempts", ["-5", "0"])
+def test_hardening_min_attempts_below_one_is_refused(tmp_path, capsys, attempts):
+    results = tmp_path / "results.jsonl"
+    write_results(results, {"once": 1})
+    assert main(["swe", "filter", str(results), "--min-attempts", attempts]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"crl swe filter: --min-attempts must be >= 1, got {attempts}."
+    assert captured.out == ""

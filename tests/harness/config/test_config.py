@@ -385,3 +385,68 @@ def test_a_run_setting_is_declared_once_and_reaches_every_part_it_concerns():
     manager = ManagerConfig.from_config(cfg.experience, seed=5)
     assert manager.retrieval == RetrievalConfig(index="dense", candidates=8)
     assert (manager.max_transcript_chars, manager.seed) == (500, 5)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("actor.max_new_tokens=4097", "actor.max_new_tokens"),  # past the tiny model's 4,096
+    ("extractor.max_new_tokens=2049", "extractor.max_new_tokens"),  # past half of it
+])
+def test_hardening_max_new_tokens_past_the_context_is_refused_before_the_run_and_dry_run(
+        tmp_path, capsys, monkeypatch, override, key):
+    from crl_harness.commands import train
+    from crl_harness.models.tiny import build_tiny_model
+
+    monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("the run started"))
+    model = build_tiny_model(tmp_path / "tiny")
+    capsys.readouterr()  # the build's progress bar
+    for dry_run in ([], ["--dry-run"]):
+        assert main(["train", "cpu-demo", f"actor.model=hf:{model}", "actor.lora.init_from=null",
+                     "extractor.model=same", "extractor.lora.init_from=null", override, f"run.output_dir={tmp_path / 'run'}", "--no-progress",
+                     *dry_run]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and f"bad config key '{key}'" in lines[0], lines
+        assert "context of 4096 tokens" in lines[0]
+        assert not (tmp_path / "run").exists()
+
+
+def test_hardening_env_weights_whose_sum_overflows_are_refused_at_load():
+    with pytest.raises(ConfigError, match="bad config key 'tasks.envs': the weights add up"):
+        load_config("mix3", ["tasks.envs.0.weight=1e308", "tasks.envs.1.weight=1e308"])
+
+
+@pytest.mark.parametrize("override", ["actor.format_penalty=0.5", "extractor.format_penalty=1"])
+def test_hardening_a_format_penalty_that_rewards_malformed_replies_is_refused(override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=f"bad config key '{key}': must be <= 0"):
+        load_config("cpu-demo", [override])
+
+
+def test_hardening_initial_bank_given_the_bank_file_names_the_export_in_one_line(
+        tmp_path, capsys, monkeypatch):
+    from crl_harness.commands import train
+    from crl_harness.experience import ExperienceBank
+
+    bank = tmp_path / "bank.sqlite"
+    with ExperienceBank(bank) as opened:
+        opened.add("CRL/Sokoban-v0", "Corners", "Never push a box into a corner.")
+    monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("the run started"))
+    assert main(["train", "cpu-demo", f"experience.initial_bank={bank}",
+                 f"run.output_dir={tmp_path / 'run'}", "--no-progress"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "is a bank file (SQLite); give its JSONL export" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("empty", ["/dev/null", "empty.yaml"])
+def test_hardening_an_empty_config_file_is_refused_not_trained_with_the_defaults(
+        tmp_path, capsys, monkeypatch, empty):
+    from crl_harness.commands import train
+
+    monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("the run started"))
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    path = empty if empty.startswith("/") else str(tmp_path / empty)
+    assert main(["train", path]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        "the file sets nothing; give a config (e.g. cpu-demo) or write the keys that differ "
+        "from the defaults")

@@ -333,3 +333,25 @@ def test_loading_a_backend_keeps_large_blocks_out_of_mmap(tmp_path):
 
     assert mmapped_blocks() == 0
     assert mmapped_blocks(CRL_MALLOC="system") >= 4
+
+
+def test_hardening_seeded_sampling_does_not_depend_on_the_cache_or_the_other_rows(tiny_dir):
+    """With KV reuse on, prefill grouping (rows ordered by how many tokens they bring) changed
+    the order of the random draws, so one batch and seed at T=1 gave other tokens than with
+    reuse off; a row's draws now depend on the seed and its place in the batch only."""
+    reuse, fresh = HFBackend(tiny_dir, dtype="float32"), HFBackend(tiny_dir, dtype="float32",
+                                                                   kv_reuse=False)
+    tokenizer = reuse.tokenizer
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    stem = ids("<think>The goal is to the east, so I move east.</think>" * 3)
+    # stored in the reusing backend only: the next batch's rows bring different new counts there
+    reuse.generate_from_ids([stem + ids(" west")], max_new_tokens=4, temperature=1.0, seed=1)
+    batch = [stem + ids(" west north"), ids("search[red shoes]") * 6, ids("pick up key") * 2,
+             stem + ids(" up")]
+    sample = dict(max_new_tokens=12, temperature=1.0, seed=3)
+    with_reuse = [g.token_ids for g in reuse.generate_from_ids(batch, **sample)]
+    assert reuse.cache_stats["reused_tokens"] > 0
+    assert with_reuse == [g.token_ids for g in fresh.generate_from_ids(batch, **sample)]
+    # row 0's draws are its own: other rows beside it change nothing
+    alone = fresh.generate_from_ids([batch[0], batch[2]], **sample)[0].token_ids
+    assert alone == with_reuse[0]

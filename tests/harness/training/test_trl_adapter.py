@@ -177,3 +177,21 @@ def test_hardening_without_trl_one_line_names_the_extra(monkeypatch):
             call()
         assert str(err.value) == ("No module named 'trl': pip install 'crl-gym[trl]' "
                                   "(the trl extra).")
+
+
+@pytest.mark.parametrize("seeds, error, message", [
+    ("12", TypeError, "seeds must be a count or a list of whole numbers, got str '12'"),
+    ([2.7], TypeError, "every seed must be a whole number, got float '2.7'"),
+    (2.7, TypeError, "got float '2.7'"),
+    ([True], TypeError, "every seed must be a whole number, got bool"),
+    (-5, ValueError, "a count of seeds must be >= 1, got -5"),
+    (0, ValueError, "a count of seeds must be >= 1, got 0"),
+    ([-1], ValueError, r"seeds must be in \[0, 2\^63\), got -1"),
+    ([], ValueError, "the list of seeds is empty"),
+])
+def test_hardening_tasks_dataset_refuses_seeds_that_are_not_whole_numbers(seeds, error, message):
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("the trl extra: pip install 'crl-gym[trl]'")
+    with pytest.raises(error, match=message):
+        tasks_dataset(seeds)
+    assert tasks_dataset(range(3, 5))["seed"] == [3, 4]
