@@ -15,8 +15,6 @@ from crl_harness.config.fields import Bounds, bounded
 UNBOUNDED = {
     "TaskConfig.guided_per_group": "1..group_size-1 unless arm=none: a cross-field check",
     "ExperienceConfig.candidates": ">= experience.k: a cross-field check",
-    "ActorConfig.format_penalty": "a reward added per bad reply, of either sign",
-    "ExtractorConfig.format_penalty": "the reward of a malformed answer, of either sign",
 }
 """numeric settings with no bounds of their own, and why"""
 
