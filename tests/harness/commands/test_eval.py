@@ -21,6 +21,22 @@ def test_wilson_interval_brackets_the_rate():
     assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
+def test_hardening_wilson_interval_holds_the_rate_so_the_chart_draws_all_or_nothing(tmp_path):
+    """6/6 once gave an upper end of 0.9999999999999999 (0/11 a lower end above 0): a negative
+    error bar, and matplotlib ended ``crl eval --agent scripted --episodes 6`` with a traceback."""
+    from crl_harness.eval import plot_success
+
+    for n in range(1, 300):
+        for successes in (0, 1, n // 2, n - 1, n):
+            low, high = wilson_interval(successes, n)
+            assert 0.0 <= low <= successes / n <= high <= 1.0, (successes, n)
+    summaries = summarize([Trajectory("CRL/Sokoban-v0", seed, won=True, steps=3)
+                           for seed in range(6)] +
+                          [Trajectory("CRL/MiniHackRoom-v0", seed, steps=3) for seed in range(11)])
+    plot_success(tmp_path / "success.png", summaries)
+    assert (tmp_path / "success.png").stat().st_size > 0
+
+
 def test_summaries_count_steps_of_wins_invalid_rates_and_errors():
     trajs = [Trajectory("E", 0, won=True, steps=4, invalid_actions=1),
              Trajectory("E", 1, won=True, steps=6, format_failures=2, invalid_actions=2),
