@@ -69,7 +69,33 @@ class Attempt:
         if fields["won"] not in (True, False):  # also 1 and 0; never a string such as "false"
             raise ResultsFormatError(f"won must be true or false, got {fields['won']!r}")
         fields["won"] = bool(fields["won"])
+        for key, wanted in _FIELD_TYPES.items():
+            if key in fields and not _is(fields[key], wanted):
+                raise ResultsFormatError(f"{key} must be {_TYPE_NAMES[wanted]}, got "
+                                         f"{str(fields[key])[:40]!r}")
+        for key in ("reward", "score"):
+            if key in fields:
+                fields[key] = float(fields[key])
         return cls(**fields, extra={k: v for k, v in record.items() if k not in known})
+
+
+_FIELD_TYPES = {"task_id": str, "reward": float, "score": float, "steps": int, "seed": "seed",
+                "env_id": str, "model": str}
+"""what each field of an attempt record holds (``from_record`` checks it)"""
+_TYPE_NAMES = {str: "a string", float: "a number", int: "a whole number >= 0",
+               "seed": "a whole number or null"}
+
+
+def _is(value: Any, wanted: type | str) -> bool:
+    if isinstance(value, bool):  # a bool is an int to Python, never a count or a reward here
+        return False
+    if wanted is float:
+        return isinstance(value, (int, float))
+    if wanted is int:
+        return isinstance(value, int) and value >= 0
+    if wanted == "seed":
+        return value is None or isinstance(value, int)
+    return isinstance(value, wanted)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -97,26 +123,31 @@ def append_attempt(path: str | os.PathLike, attempt: Attempt) -> None:
 def read_attempts(path: str | os.PathLike) -> list[Attempt]:
     """Read every attempt of a results file.
 
-    A torn last line (a crash mid-write) is skipped; a bad line elsewhere raises
-    ``ResultsFormatError`` naming it.
+    A torn last line (a crash mid-write: not JSON, or cut inside a character) is skipped; a bad
+    line elsewhere (not JSON, not UTF-8, a field of the wrong type) raises ``ResultsFormatError``
+    naming it.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No results file at {path} (crl eval writes one, "
                                 f"format {FORMAT}: one JSON attempt a line).")
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = path.read_bytes().split(b"\n")
     attempts = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            attempts.append(Attempt.from_record(json.loads(line)))
-        except (json.JSONDecodeError, ResultsFormatError, TypeError) as err:
+            record = json.loads(line)  # bytes: decoded as UTF-8, or a UnicodeDecodeError
+            if not isinstance(record, dict):
+                raise ResultsFormatError(f"a JSON {type(record).__name__}, not an object")
+            attempts.append(Attempt.from_record(record))
+        except (ValueError, RecursionError) as err:  # JSON, UTF-8 and ResultsFormatError
             is_last = all(not rest.strip() for rest in lines[number:])
-            if is_last and isinstance(err, json.JSONDecodeError):
+            if is_last and not isinstance(err, ResultsFormatError):
                 continue
+            shown = line[:120].decode("utf-8", "backslashreplace")
             raise ResultsFormatError(f"{path}:{number}: not a {FORMAT} attempt record "
-                                     f"({err}): {line[:120]}") from err
+                                     f"({str(err)[:160]}): {shown}") from err
     return attempts
 
 

@@ -8,6 +8,9 @@ Writes into ``--out`` (default ``runs/eval-TIMESTAMP``): ``eval.json`` (the sett
 filter``), ``transcripts.jsonl`` (one episode a line: prompts, replies, actions, observations,
 rewards), ``report.json`` and ``success.png``. ``--resume --out FOLDER`` continues an
 interrupted eval there: the (env, seed) pairs already in ``results.jsonl`` are not played again.
+One eval at a time writes a folder (``eval.lock``); an eval stopped by an error or Ctrl-C still
+writes the report and chart of the episodes it played (``crl_harness.eval.folder`` says how a
+crash between or within appends is repaired).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from rich.markup import escape
 
 from crl_envs.errors import UserFacingError
 from crl_harness.commands.checks import AGENT_SPECS, check_agent, check_range, output_dir
+from crl_harness.eval.folder import LOCK, RESULTS, SETTINGS, TRANSCRIPTS
 from crl_harness.models.base import KV_CACHE_TOKENS
 
 if TYPE_CHECKING:
@@ -163,10 +167,6 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_range("--kv-cache-tokens", args.kv_cache_tokens, 1)
 
 
-RESULTS, TRANSCRIPTS, SETTINGS = "results.jsonl", "transcripts.jsonl", "eval.json"
-"""the files of an eval folder: attempts, one transcript an episode, the settings"""
-
-
 def eval_settings(args: argparse.Namespace, env_ids: list[str], seeds: list[int],
                   env_kwargs: dict[str, Any]) -> dict[str, Any]:
     """What decides an eval's episodes and outcomes: ``--resume`` requires the same."""
@@ -177,12 +177,9 @@ def eval_settings(args: argparse.Namespace, env_ids: list[str], seeds: list[int]
             "dtype": args.dtype}
 
 
-def resume_folder(out: str | None, settings: dict[str, Any]) -> tuple[Path, list]:
-    """The eval folder ``--resume`` continues and the episodes it already holds, or one clear
-    error: no ``--out``, no such eval folder, or one written with other settings."""
-    from crl_harness.eval import recorded_trajectory
-    from crl_harness.results import ResultsFormatError, read_attempts
-
+def resume_target(out: str | None) -> Path:
+    """The eval folder ``--resume`` continues, or one clear error: no ``--out``, or no eval
+    folder there."""
     if not out:
         raise UserFacingError("--resume needs --out FOLDER: the folder of the eval to continue.")
     folder = Path(out)
@@ -190,10 +187,22 @@ def resume_folder(out: str | None, settings: dict[str, Any]) -> tuple[Path, list
         what = "does not exist" if not folder.exists() else f"holds no {SETTINGS}"
         raise UserFacingError(f"--resume: {folder} {what}, so it is no crl eval folder to "
                               "continue; drop --resume to start one there.")
+    return folder
+
+
+def resume_folder(folder: Path, settings: dict[str, Any], console: Any) -> list:
+    """The episodes the eval folder ``folder`` (locked by this process) already holds, with its
+    files made ready to append to (see ``crl_harness.eval.folder``), or one clear error: settings
+    other than ``settings``, or a file that is not what ``crl eval`` writes."""
+    from crl_harness.eval import recorded_trajectory
+    from crl_harness.eval.folder import cut_torn_line, keep_transcripts
+    from crl_harness.results import ResultsFormatError, read_attempts
+
     try:
-        saved = json.loads((folder / SETTINGS).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserFacingError(f"--resume: cannot read {folder / SETTINGS} ({err}).") from err
+        saved = json.loads((folder / SETTINGS).read_bytes())
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: not JSON, not UTF-8
+        raise UserFacingError(f"--resume: cannot read {folder / SETTINGS} "
+                              f"({str(err)[:160]}).") from err
     if not isinstance(saved, dict):
         raise UserFacingError(f"--resume: {folder / SETTINGS} is not an eval's settings.")
     differ = [key for key in settings if saved.get(key) != settings[key]]
@@ -202,6 +211,9 @@ def resume_folder(out: str | None, settings: dict[str, Any]) -> tuple[Path, list
                           for key in differ)
         raise UserFacingError(f"--resume: {folder} is an eval with other settings ({shown}); "
                               "give the same flags, or another --out.")
+    if cut_torn_line(folder / RESULTS):
+        console.print(f"cut the unfinished last line of {folder / RESULTS}: its episode is "
+                      "played again")
     try:
         attempts = read_attempts(folder / RESULTS) if (folder / RESULTS).exists() else []
     except ResultsFormatError as err:
@@ -210,8 +222,15 @@ def resume_folder(out: str | None, settings: dict[str, Any]) -> tuple[Path, list
     earlier = {}
     for attempt in attempts:
         if (attempt.env_id, attempt.seed) in wanted:
-            earlier.setdefault((attempt.env_id, attempt.seed), recorded_trajectory(attempt))
-    return folder, list(earlier.values())
+            try:
+                earlier.setdefault((attempt.env_id, attempt.seed), recorded_trajectory(attempt))
+            except ResultsFormatError as err:
+                raise UserFacingError(f"--resume: {folder / RESULTS}: {err}") from err
+    dropped = keep_transcripts(folder / TRANSCRIPTS, earlier.keys())
+    if dropped:
+        console.print(f"dropped {dropped} line(s) of {folder / TRANSCRIPTS} without an attempt "
+                      "in results.jsonl (episodes played again, torn lines)")
+    return list(earlier.values())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -239,13 +258,8 @@ def run(args: argparse.Namespace) -> int:
         retriever = RetrieveOnly(manager)
     if not args.resume:
         args.out = args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"
-    fresh = not args.resume and not Path(args.out).exists()
     try:
-        return _evaluate(args, console, env_ids, seeds, env_kwargs, retriever)
-    except BaseException:
-        if fresh:  # a failed start (a model that does not load) leaves no empty eval folder
-            _remove_unused(Path(args.out))
-        raise
+        return _evaluate_in_folder(args, console, env_ids, seeds, env_kwargs, retriever)
     finally:
         if manager is not None:  # its threads stop and the bank closes (a mount can go)
             manager.close()
@@ -253,18 +267,42 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _remove_unused(folder: Path) -> None:
-    """Remove ``folder`` if it holds nothing but the settings (no episode was recorded)."""
+    """Remove ``folder`` if it holds nothing but the settings and the lock (no episode was
+    recorded)."""
     try:
-        if folder.is_dir() and {entry.name for entry in folder.iterdir()} <= {SETTINGS}:
+        if folder.is_dir() and {entry.name for entry in folder.iterdir()} <= {SETTINGS, LOCK}:
             (folder / SETTINGS).unlink(missing_ok=True)
+            (folder / LOCK).unlink(missing_ok=True)
             folder.rmdir()
     except OSError:
         pass  # best effort: the original error is the one to show
 
 
-def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds: list[int],
-              env_kwargs: dict[str, Any], retriever: RetrieveOnly | None) -> int:
-    """``crl eval``'s episodes, table, report and chart, once the arguments are checked."""
+def _evaluate_in_folder(args: argparse.Namespace, console: Any, env_ids: list[str],
+                        seeds: list[int], env_kwargs: dict[str, Any],
+                        retriever: RetrieveOnly | None) -> int:
+    """``_evaluate`` while this process holds the lock of the ``--out`` folder (one eval at a
+    time appends there)."""
+    from crl_harness.eval.folder import lock_folder
+
+    fresh = not args.resume and not Path(args.out).exists()
+    out = resume_target(args.out) if args.resume else output_dir(args.out, "--out")
+    lock = lock_folder(out)
+    try:
+        return _evaluate(args, console, out, env_ids, seeds, env_kwargs, retriever)
+    except BaseException:
+        if fresh:  # a failed start (a model that does not load) leaves no empty eval folder
+            _remove_unused(out)  # still locked: no other eval can be using it
+        raise
+    finally:
+        lock.close()  # closing the descriptor releases the flock
+
+
+def _evaluate(args: argparse.Namespace, console: Any, out: Path, env_ids: list[str],
+              seeds: list[int], env_kwargs: dict[str, Any],
+              retriever: RetrieveOnly | None) -> int:
+    """``crl eval``'s episodes, table, report and chart in the locked folder ``out``, once the
+    arguments are checked."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from crl_harness.eval import (
@@ -280,12 +318,11 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
     specs = episode_specs(env_ids, seeds, use_experience=retriever is not None)
     settings = eval_settings(args, env_ids, seeds, env_kwargs)
     if args.resume:
-        out, earlier = resume_folder(args.out, settings)
+        earlier = resume_folder(out, settings, console)
         specs = [spec for spec in specs if (spec.env_id, spec.seed) not in
                  {(t.env_id, t.seed) for t in earlier}]
         console.print(f"resuming {out}: {len(earlier)} episode(s) done, {len(specs)} to play")
     else:
-        out = output_dir(args.out, "--out")
         earlier = []
         if (out / RESULTS).exists():
             raise UserFacingError(f"{out / RESULTS} already exists; pick another --out, or "
@@ -320,19 +357,35 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
                             env_kwargs=dict.fromkeys(env_ids, env_kwargs))
     console.print(f"[bold]crl eval[/]: {args.agent} on {len(env_ids)} env(s) x {len(seeds)} "
                   f"episodes -> {out}")
+
+    def meta(seconds: float) -> dict[str, Any]:
+        return {"agent": args.agent, "envs": env_ids, "seeds": seeds,
+                "experience": args.experience, "temperature": args.temperature,
+                "max_new_tokens": args.max_new_tokens, "history": args.history,
+                "env_kwargs": env_kwargs, "seconds": round(seconds, 2)}
+
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("wins {task.fields[wins]}"), TimeElapsedColumn(),
                   console=console, disable=args.no_progress or args.agent == "human") as progress:
         bar = progress.add_task("episodes", total=len(specs), wins=0)
 
+        played: list = []
+
         def done(traj) -> None:
+            played.append(traj)
             progress.update(bar, advance=1, wins=progress.tasks[bar].fields["wins"] + traj.won)
 
-        trajectories = earlier + evaluate(
-            args.agent, specs, results_path=results_path, transcripts_path=out / TRANSCRIPTS,
-            retriever=retriever, rollout=rollout, workers=args.workers, on_done=done,
-            backend=backend) if specs else earlier
+        try:
+            trajectories = earlier + evaluate(
+                args.agent, specs, results_path=results_path, transcripts_path=out / TRANSCRIPTS,
+                retriever=retriever, rollout=rollout, workers=args.workers, on_done=done,
+                backend=backend) if specs else earlier
+        except BaseException:  # a server gone mid-eval, Ctrl-C: report what was played
+            if played:
+                _report_stopped(out, earlier + played, meta(time.perf_counter() - started),
+                                len(earlier) + len(specs), console)
+            raise
     seconds = time.perf_counter() - started
     summaries = summarize(trajectories)
     title = f"{args.agent}: {len(trajectories)} episodes in {seconds:.1f}s"
@@ -340,11 +393,7 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
     for env_id, error in dict.fromkeys((t.env_id, t.error) for t in trajectories if t.error):
         # escaped: an install hint's [EXTRA] is text, not markup
         console.print(f"[red]{escape(env_id)}[/]: {escape(error)}", markup=True, highlight=False)
-    write_report(out / "report.json", trajectories, meta={
-        "agent": args.agent, "envs": env_ids, "seeds": seeds, "experience": args.experience,
-        "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-        "history": args.history, "env_kwargs": env_kwargs, "seconds": round(seconds, 2),
-    })
+    write_report(out / "report.json", trajectories, meta(seconds))
     plot_success(out / "success.png", summaries, title=args.agent)
     console.print(f"wrote {results_path}, {out / TRANSCRIPTS}, {out / 'report.json'}, "
                   f"{out / 'success.png'}")
@@ -352,3 +401,18 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
         console.print("[red]No episode ran to the end[/] (errors above): nothing was measured.")
         return 1
     return 0
+
+
+def _report_stopped(out: Path, trajectories: list, meta: dict[str, Any], planned: int,
+                    console: Any) -> None:
+    """The report and chart of the episodes played before the eval stopped (best effort: the
+    error that stopped it is the one to show)."""
+    from crl_harness.eval import plot_success, summarize, write_report
+
+    try:
+        write_report(out / "report.json", trajectories, {**meta, "stopped": True})
+        plot_success(out / "success.png", summarize(trajectories), title=meta["agent"])
+    except Exception:  # noqa: BLE001 - the stopping error follows
+        return
+    console.print(f"stopped after {len(trajectories)} of {planned} episode(s): "
+                  f"{out / 'report.json'} reports those; --resume --out {out} plays the rest")

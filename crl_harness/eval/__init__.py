@@ -10,6 +10,9 @@ Holds, from its modules:
 - ``loop``: ``evaluate``, which plays the episodes (scripted/human agents one step at a time in
   worker threads, model agents through the batched ``RolloutEngine``) and records each one as
   soon as it ends, so a crash loses nothing already played.
+- ``folder``: an eval folder's files (``RESULTS``, ``TRANSCRIPTS``, ``SETTINGS``, ``LOCK``), the
+  lock that lets one eval at a time write it (``lock_folder``), and the repairs ``--resume``
+  makes before it appends (``cut_torn_line``, ``keep_transcripts``).
 - ``records``: ``transcript_record`` / ``append_transcript`` (one episode as a JSON line) and
   ``RecordedTrajectory`` / ``recorded_trajectory`` (an attempt read back, for ``crl eval
   --resume``).

@@ -18,7 +18,8 @@ __all__ = ["wilson_interval", "format_rate", "PairedDifference", "paired_differe
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial rate (sound at 0%, 100% and small n).
+    """Wilson score interval of a binomial rate (sound at 0%, 100% and small n); it always
+    holds the rate itself.
 
     Example:
         >>> [round(x, 3) for x in wilson_interval(20, 20)]
@@ -30,7 +31,9 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval holds p exactly; rounding can leave it a hair outside (6/6: 0.9999999999999999
+    # as the upper end), which would make an error bar negative.
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def format_rate(successes: int, n: int) -> str:

@@ -1,9 +1,9 @@
 """The eval's run loop: play every episode and record each one as soon as it ends.
 
 Holds ``evaluate``: scripted/human agents play one step at a time in worker threads, model agents
-through the batched ``RolloutEngine``; each finished episode is appended at once to the
-``crl-results/1`` attempts file (``crl_harness.results``) and its transcript to a JSON lines file
-(``records.transcript_record``), so a crash loses nothing already played.
+through the batched ``RolloutEngine``; each finished episode's transcript is appended at once to
+a JSON lines file (``records.transcript_record``), then its attempt to the ``crl-results/1``
+attempts file (``crl_harness.results``), so a crash loses nothing already played.
 """
 
 from __future__ import annotations
@@ -38,14 +38,18 @@ def evaluate(
 
     A model agent uses ``backend`` when given (else it is loaded from the spec) and the batched
     rollout engine; other agents play one episode per worker thread. Each finished episode is
-    appended to ``results_path`` (a ``crl-results/1`` file; env failures are not attempts) and
-    its transcript to ``transcripts_path`` (``transcript_record``, failures included) before
+    appended to ``transcripts_path`` (``transcript_record``, failures included), then to
+    ``results_path`` (a ``crl-results/1`` file; env failures are not attempts), before
     ``on_done`` sees it.
     """
     lock = threading.Lock()
 
     def finished(traj: Trajectory) -> None:
         with lock:
+            # The transcript first: the attempt is what marks an episode played (see
+            # crl_harness.eval.folder), so a kill between the two leaves an episode to replay.
+            if transcripts_path is not None:
+                append_transcript(transcripts_path, transcript_record(traj, agent))
             if results_path is not None and not traj.error:
                 append_attempt(results_path, Attempt(
                     task_id=traj.task_id, won=traj.won, reward=traj.reward, score=traj.score,
@@ -54,8 +58,6 @@ def evaluate(
                            "invalid_actions": traj.invalid_actions,
                            "generated_tokens": traj.generated_tokens,
                            "truncated": traj.truncated}))
-            if transcripts_path is not None:
-                append_transcript(transcripts_path, transcript_record(traj, agent))
             if on_done is not None:
                 on_done(traj)
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crl_harness.results import Attempt
+from crl_harness.experience.entries import clean_text
+from crl_harness.results import Attempt, ResultsFormatError
 from crl_harness.rollout import Trajectory
 
 __all__ = ["transcript_record", "append_transcript", "RecordedTrajectory", "recorded_trajectory"]
@@ -49,11 +50,14 @@ def transcript_record(traj: Trajectory, agent: str) -> dict[str, Any]:
 
 
 def append_transcript(path: str | Path, record: dict[str, Any]) -> None:
-    """Append one transcript record as a JSON line and flush it to disk."""
+    """Append one transcript record as a JSON line and flush it to disk. Its text is made valid
+    Unicode first (``clean_text``): a lone surrogate, which a server's JSON escape ``\\ud800``
+    produces, cannot be written as UTF-8."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    line = clean_text(json.dumps(record, ensure_ascii=False)) + "\n"
     with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.write(line)
         handle.flush()
         os.fsync(handle.fileno())
 
@@ -78,11 +82,30 @@ def recorded_trajectory(attempt: Attempt) -> RecordedTrajectory:
         >>> traj.env_id, traj.seed, traj.won, traj.generated_tokens
         ('E', 2, True, 40)
     """
-    extra = attempt.extra
     return RecordedTrajectory(
         attempt.env_id, attempt.seed if attempt.seed is not None else -1, task_id=attempt.task_id,
         won=attempt.won, reward=attempt.reward, score=attempt.score, steps=attempt.steps,
-        format_failures=int(extra.get("format_failures", 0)),
-        invalid_actions=int(extra.get("invalid_actions", 0)),
-        truncated=bool(extra.get("truncated", False)),
-        recorded_tokens=int(extra.get("generated_tokens", 0)))
+        format_failures=_count(attempt, "format_failures"),
+        invalid_actions=_count(attempt, "invalid_actions"),
+        truncated=_flag(attempt, "truncated"),
+        recorded_tokens=_count(attempt, "generated_tokens"))
+
+
+def _count(attempt: Attempt, key: str) -> int:
+    """The whole number >= 0 that ``crl eval`` wrote under ``key`` (0 where absent), or a
+    ``ResultsFormatError`` naming the episode."""
+    value = attempt.extra.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ResultsFormatError(f"the attempt of {attempt.env_id} seed {attempt.seed}: {key} "
+                                 f"must be a whole number >= 0, got {str(value)[:40]!r}")
+    return value
+
+
+def _flag(attempt: Attempt, key: str) -> bool:
+    """The true/false that ``crl eval`` wrote under ``key`` (false where absent), or a
+    ``ResultsFormatError`` naming the episode."""
+    value = attempt.extra.get(key, False)
+    if not isinstance(value, bool):
+        raise ResultsFormatError(f"the attempt of {attempt.env_id} seed {attempt.seed}: {key} "
+                                 f"must be true or false, got {str(value)[:40]!r}")
+    return value

@@ -1,9 +1,17 @@
 """Client of any OpenAI-compatible chat server (vLLM's, llama.cpp's, ``transformers serve``,
 hosted APIs), on the official ``openai`` client package (the ``openai`` extra).
 
-Holds ``OpenAIBackend``, ``OpenAIServerError`` and ``check_base_url``. One chat completion per
-conversation, sent concurrently; the client retries connection errors, timeouts, 408, 409, 429 and
-5xx with exponential backoff.
+Holds ``OpenAIBackend``, ``OpenAIServerError``, ``check_base_url`` and ``reply_byte_limit``. One
+chat completion per conversation, sent concurrently; connection errors, 408, 409, 429 and 5xx are
+retried with exponential backoff.
+
+- Time: ``timeout`` bounds a request whole, its retries and their backoff included, whatever the
+  server sends (``http_deadline``: a server that trickles its reply a byte at a time cannot
+  extend it).
+- Size: a reply is read up to ``reply_byte_limit`` (64 KiB, plus 2 KiB per token asked for, plus
+  16 bytes per token of context for vLLM's prompt ids); of it, at most ``max_new_tokens``
+  log-probs, token ids and counted tokens are kept, and 64 characters of text per token, the
+  rest cut as a reply that reached its length.
 
 - Tokens: each reply's length is the server's own count (``usage.completion_tokens``, kept in
   ``Generation.usage_tokens``), and the prompt counts (``usage.prompt_tokens``) calibrate
@@ -13,10 +21,11 @@ conversation, sent concurrently; the client retries connection errors, timeouts,
   (``GET /models``: vLLM's ``max_model_len``, llama.cpp's ``n_ctx``, ``context_length``), else
   8192; ``context_source`` says which.
 - Errors: a request the server refuses for that conversation (400, e.g. a prompt over the context;
-  413, 422), or that times out or still fails after the retries (429, 5xx), becomes that
-  Generation's ``error``: the rollout ends that episode with it and the others go on. A server that
-  cannot be reached, a wrong path (404) or a refused key (401, 403) raise ``OpenAIServerError``:
-  then nothing can be evaluated.
+  413, 422), that times out or still fails after the retries (429, 5xx), or whose 200 reply is no
+  chat completion (not JSON, no choices, a field of the wrong type, over the size limit) becomes
+  that Generation's ``error``: the rollout ends that episode with it and the others go on. A
+  server that cannot be reached, a wrong path (404) or a refused key (401, 403) raise
+  ``OpenAIServerError``: then nothing can be evaluated.
 
 Log-probs are asked for (``logprobs: true``) and kept when the server returns them. Token ids
 come back only from servers that can name them: with ``token_ids=True`` the request adds vLLM's
@@ -27,17 +36,21 @@ backend serves evaluation, not training.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from crl_envs.errors import UserFacingError
 from crl_harness.models.base import LENGTH, STOP, BackendUnavailableError, Generation, Message
+from crl_harness.models.http_deadline import Deadline, bound_by_deadline
 
-__all__ = ["OpenAIBackend", "OpenAIServerError", "check_base_url", "DEFAULT_CONTEXT"]
+__all__ = ["OpenAIBackend", "OpenAIServerError", "check_base_url", "reply_byte_limit",
+           "DEFAULT_CONTEXT"]
 
 DEFAULT_CONTEXT = 8192
 """the context budget when neither ``max_context`` nor the server's model info gives one"""
@@ -51,11 +64,34 @@ _CONTEXT_KEYS = ("max_model_len", "context_length", "context_window", "max_conte
 ``meta``)"""
 _FATAL_STATUS = {401, 403, 404}
 """a wrong key, path or model: every request would fail the same way"""
+_RETRIED_STATUS = {408, 409, 429}
+"""statuses worth another try (and every 5xx): the server is busy or briefly broken"""
+_MAX_BACKOFF = 8.0
+"""the longest wait between two tries, in seconds (0.5, 1, 2, 4, 8, 8, ...)"""
+_MODEL_INFO_SECONDS = 10.0
+"""how long ``GET /models`` may take: no model info is no error"""
+_MAX_CHARS_PER_TOKEN = 64
+"""text kept per token asked for: no tokenizer's tokens come near it on average"""
+
+
+def reply_byte_limit(max_new_tokens: int, max_context: int) -> int:
+    """The most bytes of a reply body read for a request of ``max_new_tokens``: 64 KiB, 2 KiB
+    a token asked for (the token's text and its log-prob entry in JSON), 16 bytes a token of
+    context (vLLM's prompt token ids).
+
+    >>> reply_byte_limit(16, 8192)
+    229376
+    """
+    return 65_536 + 2048 * max_new_tokens + 16 * max_context
+
+
+class _Malformed(ValueError):
+    """A 200 reply that is no chat completion; the message says what is wrong."""
 
 
 class OpenAIServerError(UserFacingError):
-    """The server cannot serve this evaluation: unreachable, a wrong path or model, a refused
-    key, or not a chat completion server."""
+    """The server cannot serve this evaluation: unreachable, a wrong path or model, or a
+    refused key."""
 
 
 def check_base_url(base_url: str) -> None:
@@ -73,13 +109,13 @@ def check_base_url(base_url: str) -> None:
                               f"root, e.g. openai:http://{example}/v1#MODEL.")
 
 
-def _client_class() -> Any:
+def _openai() -> Any:
     try:
-        from openai import OpenAI
+        import openai
     except ImportError as err:
         raise BackendUnavailableError(
             "The openai backend needs the openai client: pip install 'crl-gym[openai]'.") from err
-    return OpenAI
+    return openai
 
 
 class OpenAIBackend:
@@ -88,7 +124,8 @@ class OpenAIBackend:
     ``base_url`` is the API root (``http://localhost:8000/v1``); ``api_key`` defaults to
     ``$OPENAI_API_KEY`` (a placeholder where unset: local servers want none). ``max_context``:
     the context in tokens (None: the server's model info, else ``DEFAULT_CONTEXT``).
-    ``timeout`` is per request in seconds, ``max_retries`` the client's retries of one.
+    ``timeout`` bounds one request in seconds, its ``max_retries`` retries and their backoff
+    included, however the server answers.
     """
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
@@ -103,9 +140,15 @@ class OpenAIBackend:
         self.concurrency = concurrency
         self.token_ids = token_ids
         self.name = f"openai:{self.base_url}#{model}"
+        self.timeout, self.max_retries = float(timeout), max_retries
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
-        self.client = _client_class()(base_url=self.base_url, api_key=key or "none",
-                                      timeout=timeout, max_retries=max_retries)
+        openai = _openai()
+        http_client = openai.DefaultHttpxClient(timeout=timeout)
+        self._deadline = Deadline()
+        bound_by_deadline(http_client, self._deadline)
+        # Retries are this class's (_complete): the client's own would sleep past the deadline.
+        self.client = openai.OpenAI(base_url=self.base_url, api_key=key or "none",
+                                    timeout=timeout, max_retries=0, http_client=http_client)
         self._tokens_per_char: float | None = None  # the largest the server has counted
         self._lock = threading.Lock()
         if max_context is not None:
@@ -155,30 +198,72 @@ class OpenAIBackend:
     # ----------------------------------------------------------------- HTTP
     def _complete(self, messages: list[Message], max_new_tokens: int, temperature: float,
                   top_p: float, options: dict[str, Any]) -> Generation:
+        """One chat completion, tried until it is answered, refused for good or out of time."""
         import openai
 
-        try:
-            response = self.client.chat.completions.create(
+        deadline = time.monotonic() + self.timeout
+        tries = 0
+        while True:
+            tries += 1
+            with self._deadline.until(deadline):
+                try:
+                    return self._request(messages, max_new_tokens, temperature, top_p, options,
+                                         deadline)
+                except openai.APITimeoutError:  # the deadline, or one read as long as it
+                    return self._out_of_time(tries)
+                except openai.APIConnectionError as err:
+                    unreachable, failure = err, None
+                except openai.APIStatusError as err:
+                    detail = _detail(err)
+                    if err.status_code in _FATAL_STATUS:
+                        raise OpenAIServerError(f"{self.base_url}/chat/completions answered "
+                                                f"{err.status_code}: {detail}") from err
+                    failure = f"HTTP {err.status_code}: {detail}"
+                    if err.status_code not in _RETRIED_STATUS and err.status_code < 500:
+                        return _failed(failure)
+                    unreachable = None
+            backoff = min(0.5 * 2 ** (tries - 1), _MAX_BACKOFF)
+            if tries > self.max_retries or time.monotonic() + backoff >= deadline:
+                break
+            time.sleep(backoff)
+        if unreachable is not None:
+            raise OpenAIServerError(f"{self.base_url} cannot be reached ({unreachable}); is the "
+                                    "server running?") from unreachable
+        return _failed(f"{failure} ({tries} tries)")
+
+    def _out_of_time(self, tries: int) -> Generation:
+        return _failed(f"the server did not answer within {self.timeout:g} s"
+                       + (f" ({tries} tries)" if tries > 1 else ""))
+
+    def _request(self, messages: list[Message], max_new_tokens: int, temperature: float,
+                 top_p: float, options: dict[str, Any], deadline: float) -> Generation:
+        """One try: the reply read up to ``reply_byte_limit`` and parsed."""
+        limit = reply_byte_limit(max_new_tokens, self.max_context)
+        with self.client.chat.completions.with_streaming_response.create(
                 model=self.model, messages=messages, max_tokens=max_new_tokens,  # type: ignore[arg-type]
-                temperature=temperature, top_p=top_p, **options)
-        except openai.APIConnectionError as err:
-            if isinstance(err, openai.APITimeoutError):
-                return _failed(f"the server did not answer within {self.client.timeout} s "
-                               f"({self.client.max_retries + 1} tries)")
-            raise OpenAIServerError(f"{self.base_url} cannot be reached ({err}); is the server "
-                                    "running?") from err
-        except openai.APIStatusError as err:
-            detail = _detail(err)
-            if err.status_code in _FATAL_STATUS:
-                raise OpenAIServerError(f"{self.base_url}/chat/completions answered "
-                                        f"{err.status_code}: {detail}") from err
-            return _failed(f"HTTP {err.status_code}: {detail}")
-        data = response.model_dump()
+                temperature=temperature, top_p=top_p, **options) as response:
+            body = bytearray()
+            try:
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > limit:
+                        return _failed(f"the reply is over {limit} bytes, too long for "
+                                       f"max_new_tokens={max_new_tokens}")
+            except Exception as err:  # noqa: BLE001 - any failure to read this reply is its own
+                if time.monotonic() >= deadline:
+                    return self._out_of_time(1)
+                return _failed(f"the reply broke off ({type(err).__name__}: "
+                               f"{' '.join(str(err).split())[:200]})")
+        try:
+            data = _chat_completion(bytes(body))
+            generation = _generation(data, max_new_tokens, self.max_context)
+        except _Malformed as err:
+            return _failed(f"the reply is no chat completion ({err})")
         self._calibrate(messages, data.get("usage") or {})
-        return self._parse(data)
+        return generation
 
     def _calibrate(self, messages: list[Message], usage: dict[str, Any]) -> None:
-        prompt_tokens = usage.get("prompt_tokens") or 0
+        prompt_tokens = usage.get("prompt_tokens") or 0  # checked by _generation
         chars = sum(len(m["content"]) for m in messages)
         if prompt_tokens <= 0 or chars <= 0:
             return
@@ -190,8 +275,9 @@ class OpenAIBackend:
     def _served_context(self) -> int | None:
         """The model's context from ``GET /models``, where the server names it."""
         try:
-            models = self.client.with_options(timeout=10, max_retries=0).models.list()
-            entries = [m.model_dump() for m in models.data]
+            with self._deadline.until(time.monotonic() + _MODEL_INFO_SECONDS):
+                models = self.client.with_options(timeout=_MODEL_INFO_SECONDS).models.list()
+                entries = [m.model_dump() for m in models.data]
         except Exception:  # noqa: BLE001 - no model info (or no server yet): generate says why
             return None
         entry = next((e for e in entries if e.get("id") == self.model), None)
@@ -206,29 +292,84 @@ class OpenAIBackend:
                     return value
         return None
 
-    def _parse(self, response: dict[str, Any]) -> Generation:
-        try:
-            choice = response["choices"][0]
-            text = choice["message"].get("content") or ""
-        except (KeyError, IndexError, TypeError) as err:
-            raise OpenAIServerError(f"Not a chat completion response: {str(response)[:300]}") from err
-        content = (choice.get("logprobs") or {}).get("content") or []
-        logprobs = [float(item["logprob"]) for item in content]
-        token_ids = [int(item["token"].removeprefix("token_id:")) for item in content
-                     if item.get("token", "").startswith("token_id:")]
-        if len(token_ids) != len(content):
-            token_ids = list(choice.get("token_ids") or [])
-        finish = choice.get("finish_reason") or STOP
-        usage = response.get("usage") or {}
-        return Generation(
-            text=text,
-            prompt_token_ids=list(response.get("prompt_token_ids") or []),
-            token_ids=token_ids,
-            logprobs=logprobs,
-            finish_reason=LENGTH if finish == "length" else STOP,
-            meta={"usage": usage},
-            usage_tokens=int(usage.get("completion_tokens") or len(token_ids) or len(logprobs)),
-        )
+
+def _chat_completion(body: bytes) -> dict[str, Any]:
+    """The JSON object of a reply body, or ``_Malformed``."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as err:  # not JSON (an HTML page), not UTF-8, too deep
+        shown = " ".join(body[:80].decode("utf-8", "replace").split())
+        raise _Malformed(f"not JSON: {shown!r}") from err
+    if not isinstance(data, dict):
+        raise _Malformed(f"a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def _generation(data: dict[str, Any], max_new_tokens: int, max_context: int) -> Generation:
+    """The ``Generation`` of a chat completion, every field checked (``_Malformed`` names the
+    first that is wrong) and cut to what the request asked for."""
+    choices = _field(data, "choices", list, [])
+    if not choices:
+        raise _Malformed("no choices")
+    choice = _checked(choices[0], "choices[0]", dict)
+    message = _checked(choice.get("message"), "message", dict)
+    text = _field(message, "content", str, "")
+    content = _field(_field(choice, "logprobs", dict, {}), "content", list, [])
+    entries = [_checked(item, "a logprobs entry", dict) for item in content[:max_new_tokens]]
+    logprobs = [float(_field(item, "logprob", float, None, required=True)) for item in entries]
+    tokens = [_field(item, "token", str, None, required=True) for item in entries]
+    token_ids = [int(token.removeprefix("token_id:")) for token in tokens
+                 if token.startswith("token_id:") and token[9:].isascii()
+                 and token[9:].isdigit()]
+    if len(token_ids) != len(tokens):
+        token_ids = _ids(choice, "token_ids", max_new_tokens)
+    usage = _field(data, "usage", dict, {})
+    counted = _field(usage, "completion_tokens", int, 0)
+    _field(usage, "prompt_tokens", int, 0)  # read by _calibrate
+    finish = _field(choice, "finish_reason", str, STOP)
+    cut = (len(text) > max_new_tokens * _MAX_CHARS_PER_TOKEN or len(content) > max_new_tokens
+           or counted > max_new_tokens)
+    return Generation(
+        text=text[:max_new_tokens * _MAX_CHARS_PER_TOKEN],
+        prompt_token_ids=_ids(data, "prompt_token_ids", max_context),
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=LENGTH if finish == "length" or cut else STOP,
+        meta={"usage": usage},
+        usage_tokens=min(counted or len(token_ids) or len(logprobs), max_new_tokens),
+    )
+
+
+_KINDS = {dict: "an object", list: "a list", str: "a string", float: "a number",
+          int: "a whole number >= 0"}
+
+
+def _checked(value: Any, name: str, kind: type) -> Any:
+    """``value`` if it is of ``kind`` (a bool is no number here), else ``_Malformed``."""
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise _Malformed(f"{name} is {json.dumps(value)[:40]}, not {_KINDS[kind]}")
+    return value
+
+
+def _field(container: dict[str, Any], key: str, kind: type, default: Any,
+           required: bool = False) -> Any:
+    """``container[key]`` checked to be of ``kind``; ``default`` where it is absent or null
+    (unless ``required``)."""
+    value = container.get(key)
+    if value is None and not required:
+        return default
+    return _checked(value, key, kind)
+
+
+def _ids(container: dict[str, Any], key: str, most: int) -> list[int]:
+    """The token ids under ``key`` (none where absent), at most ``most`` of them."""
+    return [_checked(item, f"an id of {key}", int) for item in _field(container, key, list, [])[:most]]
 
 
 def _failed(why: str) -> Generation:

@@ -21,6 +21,22 @@ def test_wilson_interval_brackets_the_rate():
     assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
+def test_hardening_wilson_interval_holds_the_rate_so_the_chart_draws_all_or_nothing(tmp_path):
+    """6/6 once gave an upper end of 0.9999999999999999 (0/11 a lower end above 0): a negative
+    error bar, and matplotlib ended ``crl eval --agent scripted --episodes 6`` with a traceback."""
+    from crl_harness.eval import plot_success
+
+    for n in range(1, 300):
+        for successes in (0, 1, n // 2, n - 1, n):
+            low, high = wilson_interval(successes, n)
+            assert 0.0 <= low <= successes / n <= high <= 1.0, (successes, n)
+    summaries = summarize([Trajectory("CRL/Sokoban-v0", seed, won=True, steps=3)
+                           for seed in range(6)] +
+                          [Trajectory("CRL/MiniHackRoom-v0", seed, steps=3) for seed in range(11)])
+    plot_success(tmp_path / "success.png", summaries)
+    assert (tmp_path / "success.png").stat().st_size > 0
+
+
 def test_summaries_count_steps_of_wins_invalid_rates_and_errors():
     trajs = [Trajectory("E", 0, won=True, steps=4, invalid_actions=1),
              Trajectory("E", 1, won=True, steps=6, format_failures=2, invalid_actions=2),
@@ -265,3 +281,119 @@ def test_crl_eval_resume_hardening_bad_folders_are_one_clear_error(tmp_path, cap
                                                              "--resume"])
     (out / "eval.json").write_text("[1]", encoding="utf-8")
     fails("not an eval's settings", [*argv, "--resume"])
+
+
+def _lines(path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def _records(path) -> list[dict]:
+    return [json.loads(line) for line in _lines(path)]  # every line whole JSON, or it raises
+
+
+def test_crl_eval_resume_hardening_after_a_torn_last_line(tmp_path, capsys):
+    """A crash mid-append leaves half a line without its newline; the next append once went
+    straight after it, so both files got an unparseable line and the episode was lost."""
+    out = tmp_path / "ev"
+    assert _eval(out) == 0
+    for name in ("results.jsonl", "transcripts.jsonl"):
+        lines = _lines(out / name)
+        (out / name).write_bytes(b"".join(lines[:2]) + lines[2][:len(lines[2]) // 2])
+    assert _eval(out, "--resume") == 0
+    assert "cut the unfinished last line" in capsys.readouterr().out
+    assert sorted(a.seed for a in read_attempts(out / "results.jsonl")) == [0, 1, 2, 3]
+    assert sorted(r["seed"] for r in _records(out / "results.jsonl")) == [0, 1, 2, 3]
+    assert sorted(r["seed"] for r in _records(out / "transcripts.jsonl")) == [0, 1, 2, 3]
+
+
+def test_crl_eval_hardening_one_eval_at_a_time_writes_a_folder(tmp_path, capsys):
+    """Two evals on one folder both played its missing episodes (1,990 attempts for 1,000
+    pairs); the second is now refused in one line, and leaves the first one's files alone."""
+    from crl_harness.eval.folder import lock_folder
+
+    out = tmp_path / "ev"
+    assert _eval(out) == 0
+    (out / "results.jsonl").write_bytes(b"".join(_lines(out / "results.jsonl")[:2]))
+    held = lock_folder(out)  # another eval's open file: flock refuses a second one
+    try:
+        for flags in (("--resume",), ()):
+            capsys.readouterr()
+            assert _eval(out, *flags) == 2
+            err = capsys.readouterr().err
+            assert "is in use by another crl eval (pid" in err and err.count("\n") == 1, err
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        (fresh / "eval.json").write_text("{}", encoding="utf-8")  # the holder's settings
+        held_fresh = lock_folder(fresh)
+        assert _eval(fresh) == 2 and (fresh / "eval.json").read_text() == "{}"
+        held_fresh.close()
+    finally:
+        held.close()
+    assert len(read_attempts(out / "results.jsonl")) == 2
+    assert _eval(out, "--resume") == 0  # the lock went with its holder
+    assert len(read_attempts(out / "results.jsonl")) == 4
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda r: r.replace(b'"generated_tokens": 0', b'"generated_tokens": null', 1),
+                 id="tokens-null"),
+    pytest.param(lambda r: r.replace(b'"reward": 1.0', b'"reward": "1"', 1), id="reward-text"),
+    pytest.param(lambda r: r.replace(b'"steps": ', b'"steps": -', 1), id="steps-negative"),
+    pytest.param(lambda r: r.replace(b'"truncated": false', b'"truncated": 0', 1),
+                 id="truncated-number"),
+    pytest.param(lambda r: r.replace(b'"model": "scripted"', b'"model": "\xff\xfe"', 1),
+                 id="not-utf8"),
+    pytest.param(lambda r: b"[1, 2]\n" + r, id="a-list"),
+])
+def test_crl_eval_resume_hardening_damaged_results_are_one_line(tmp_path, capsys, damage):
+    out = tmp_path / "ev"
+    assert _eval(out) == 0
+    results = (out / "results.jsonl").read_bytes()
+    (out / "results.jsonl").write_bytes(damage(results))
+    assert (out / "results.jsonl").read_bytes() != results
+    capsys.readouterr()
+    assert _eval(out, "--resume") == 2
+    err = capsys.readouterr().err
+    assert "results.jsonl" in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_crl_eval_resume_hardening_settings_not_utf8_are_one_line(tmp_path, capsys):
+    out = tmp_path / "ev"
+    assert _eval(out) == 0
+    (out / "eval.json").write_bytes(b'{"agent": "\xff"}')
+    capsys.readouterr()
+    assert _eval(out, "--resume") == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "eval.json" in err and err.count("\n") == 1, err
+
+
+class Killed(BaseException):
+    """A kill -9 stand-in: nothing after it runs."""
+
+
+def test_crl_eval_resume_hardening_a_kill_between_the_appends_loses_no_transcript(
+        tmp_path, monkeypatch):
+    """Killed between an episode's two appends: after --resume every attempt has its one
+    transcript (the attempt is appended last, so the episode is played again)."""
+    import crl_harness.eval.loop as loop
+
+    appends: list[str] = []
+
+    def counted(name, append):
+        def wrapper(path, record):
+            appends.append(name)
+            if len(appends) == 6:  # the third episode's second append
+                raise Killed
+            append(path, record)
+        return wrapper
+
+    monkeypatch.setattr(loop, "append_attempt", counted("attempt", loop.append_attempt))
+    monkeypatch.setattr(loop, "append_transcript", counted("transcript", loop.append_transcript))
+    out = tmp_path / "ev"
+    with pytest.raises(Killed):
+        _eval(out)
+    monkeypatch.undo()
+    assert _eval(out, "--resume") == 0
+    attempts = sorted(a.seed for a in read_attempts(out / "results.jsonl"))
+    transcripts = sorted(r["seed"] for r in _records(out / "transcripts.jsonl"))
+    assert attempts == transcripts == [0, 1, 2, 3]

@@ -39,7 +39,10 @@ OVERFLOW = ("This model's maximum context length is 64 tokens. However, you requ
 class ChatServer(ThreadingHTTPServer):
     """Chat completions with a canned reply; ``max_messages`` (a prompt with more messages is a
     vLLM-style 400 context overflow), ``slow_word`` (a prompt holding it is answered after
-    ``delay`` s), ``context`` (the model info's ``max_model_len``; None: no model info)."""
+    ``delay`` s), ``context`` (the model info's ``max_model_len``; None: no model info).
+    A hostile server on demand: ``reply`` (the content sent), ``raw`` (the whole body of a 200
+    reply), ``trickle`` ((where, seconds): the headers or the body sent a byte every 0.1 s for
+    that long), ``refuse_after`` ((n, status): every request after the n-th answered so)."""
 
     daemon_threads = True
 
@@ -49,6 +52,10 @@ class ChatServer(ThreadingHTTPServer):
         self.slow_word, self.delay = "", 0.0
         self.context: int | None = None
         self.requests: list[dict] = []
+        self.reply = REPLY
+        self.raw: bytes | None = None
+        self.trickle: tuple[str, float] | None = None
+        self.refuse_after: tuple[int, int] | None = None
 
     @property
     def url(self) -> str:
@@ -74,6 +81,12 @@ class ChatHandler(BaseHTTPRequestHandler):
         server.requests.append(body)
         if self.path != "/v1/chat/completions":
             return self._send(404, {"error": {"message": "not found"}})
+        if server.refuse_after and len(server.requests) > server.refuse_after[0]:
+            return self._send(server.refuse_after[1], {"error": {"message": "key revoked"}})
+        if server.raw is not None:
+            return self._send_bytes(200, server.raw)
+        if server.trickle:
+            return self._trickle(*server.trickle)
         messages = body["messages"]
         if server.max_messages is not None and len(messages) > server.max_messages:
             return self._send(400, {"object": "error", "message": OVERFLOW,
@@ -83,14 +96,16 @@ class ChatHandler(BaseHTTPRequestHandler):
             time.sleep(server.delay)
         self._send(200, {
             "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": server.reply},
                          "finish_reason": "stop", "logprobs": None}],
             # 2 characters a token, as MiniHack's maps run
             "usage": {"prompt_tokens": len(text) // 2 + 8 * len(messages),
                       "completion_tokens": 12, "total_tokens": 0}})
 
     def _send(self, code: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
+        self._send_bytes(code, json.dumps(payload).encode())
+
+    def _send_bytes(self, code: int, data: bytes) -> None:
         try:
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -99,6 +114,31 @@ class ChatHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
             pass
+
+    def _trickle(self, where: str, seconds: float) -> None:
+        """A valid reply, sent one byte every 0.1 s for ``seconds`` first: JSON whitespace
+        before the body, or a header's value."""
+        body = json.dumps({"choices": [{"message": {"content": REPLY}}]}).encode()
+        pad = int(seconds / 0.1)
+        if where == "body":
+            head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {pad + len(body)}\r\n\r\n").encode()
+            slow, tail = b" " * pad, body
+        else:
+            head = b"HTTP/1.1 200 OK\r\nX-Pad: "
+            slow = b"x" * pad
+            tail = (f"\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+                    f"\r\n\r\n").encode() + body
+        try:
+            self.wfile.write(head)
+            for byte in slow:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.1)
+            self.wfile.write(tail)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
 
 
 @pytest.fixture
@@ -187,6 +227,118 @@ def test_an_overflowing_episode_is_recorded_and_the_eval_goes_on(server, tmp_pat
             assert "maximum context length" in t.error and t.steps == 3
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     assert sum('"CRL/Sokoban-v0"' in line for line in lines) == 2
+
+
+GO = [{"role": "user", "content": "go"}]
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_hardening_a_trickling_server_cannot_extend_a_request_past_its_timeout(server, where):
+    """One byte every 0.1 s for 4 s once kept a timeout=1 request alive the whole 4 s (the
+    timeout was per read); now the request, retries included, ends by its timeout."""
+    server.trickle = (where, 4.0)
+    client = OpenAIBackend(server.url, "canned", timeout=1.0, max_retries=2)
+    started = time.monotonic()
+    [g] = client.generate([GO], max_new_tokens=16, temperature=0.0)
+    assert time.monotonic() - started < 3.0  # it trickles for 4 s
+    assert g.error.startswith("openai: the server did not answer within 1 s"), g.error
+    server.trickle = None
+    [g] = client.generate([GO], max_new_tokens=16, temperature=0.0)  # the client still works
+    assert g.text == REPLY and not g.error
+
+
+def _completion(**changes) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": REPLY},
+              "finish_reason": "stop",
+              "logprobs": {"content": [{"token": "a", "logprob": -0.5, "bytes": [97]}]}}
+    reply = {"id": "x", "object": "chat.completion", "choices": [choice],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+    for path, value in changes.items():
+        *parents, key = path.split("__")
+        where = reply
+        for parent in parents:
+            where = where[parent][0] if parent == "choices" else where[parent]
+        where[key] = value
+    return reply
+
+
+@pytest.mark.parametrize("raw", [
+    pytest.param(b"not json", id="not-json"),
+    pytest.param(b"<html><body>502 Bad Gateway</body></html>", id="html"),
+    pytest.param(b"[1, 2]", id="a-list"),
+    pytest.param(b"\xff\xfe{}", id="not-utf8"),
+    pytest.param(json.dumps(_completion(choices=[])).encode(), id="no-choices"),
+    pytest.param(json.dumps(_completion(choices__message=None)).encode(), id="null-message"),
+    pytest.param(json.dumps(_completion(choices__message={"content": 7})).encode(),
+                 id="integer-content"),
+    pytest.param(json.dumps(_completion(choices__logprobs={"content": [{"token": "a",
+                 "logprob": None}]})).encode(), id="null-logprob"),
+    pytest.param(json.dumps(_completion(choices__logprobs={"content": [{"token": None,
+                 "logprob": -1.0}]})).encode(), id="null-token"),
+    pytest.param(json.dumps(_completion(choices__token_ids=[1, "2"])).encode(), id="text-id"),
+    pytest.param(json.dumps(_completion(usage="12")).encode(), id="usage-text"),
+    pytest.param(json.dumps(_completion(usage={"completion_tokens": -3})).encode(),
+                 id="usage-negative"),
+])
+def test_hardening_a_malformed_200_reply_is_that_episodes_error(server, raw):
+    server.raw = raw
+    client = OpenAIBackend(server.url, "canned", max_retries=0)
+    [g] = client.generate([GO], max_new_tokens=16, temperature=0.0)
+    assert g.error.startswith("openai: the reply is no chat completion ("), g.error
+    assert "\n" not in g.error and not g.text
+
+
+def test_hardening_a_server_that_stops_mid_eval_leaves_the_report_of_what_was_played(
+        server, tmp_path, capsys):
+    """A key revoked after the 4th request: the eval stops in one line, as before, and its
+    report and chart now hold the two episodes played (they were lost)."""
+    server.refuse_after = (4, 401)
+    out = tmp_path / "ev"
+    code = main(["eval", "--agent", f"openai:{server.url}#canned", "--envs", "CRL/Sokoban-v0",
+                 "--seeds", "0-3", "--max-live", "1", "--max-new-tokens", "16", "--env-kwargs",
+                 "max_episode_steps=2", "--no-progress", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2 and "answered 401" in captured.err and "Traceback" not in captured.err
+    assert "stopped after 2 of 4 episode(s)" in captured.out
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert report["meta"]["stopped"] and len(report["episodes"]) == 2
+    assert (out / "success.png").stat().st_size > 0
+    assert len((out / "results.jsonl").read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_hardening_what_is_kept_of_a_reply_is_bounded_by_the_request(server):
+    """A 5 MB reply to max_new_tokens=16 was kept whole (50 MB replies: a 150 MB transcript);
+    now a body over ``reply_byte_limit`` is that episode's error, and of a smaller one at most
+    64 characters and one log-prob a token asked for are kept."""
+    from crl_harness.models.openai import reply_byte_limit
+
+    client = OpenAIBackend(server.url, "canned", max_retries=0)
+    server.reply = "x" * 5_000_000
+    [g] = client.generate([GO], max_new_tokens=16, temperature=0.0)
+    limit = reply_byte_limit(16, DEFAULT_CONTEXT)
+    assert g.error == (f"openai: the reply is over {limit} bytes, too long for "
+                       "max_new_tokens=16") and not g.text
+    server.raw = json.dumps(_completion(
+        choices__message={"content": "y" * 50_000}, usage={"completion_tokens": 10**12},
+        choices__logprobs={"content": [{"token": "y", "logprob": -0.1}] * 500})).encode()
+    [g] = client.generate([GO], max_new_tokens=16, temperature=0.0)
+    assert not g.error and len(g.text) == 16 * 64 and g.finish_reason == "length"
+    assert len(g.logprobs) == 16 and g.usage_tokens == 16
+
+
+def test_hardening_a_lone_surrogate_in_a_reply_reaches_the_transcript(server, tmp_path):
+    """The JSON escape \\ud800 in a reply once crashed the transcript write after the attempt
+    was recorded, so no --resume ever wrote that transcript."""
+    server.reply = REPLY + "\ud800"  # json.dumps sends it as the escape \ud800
+    out = tmp_path / "ev"
+    assert main(["eval", "--agent", f"openai:{server.url}#canned", "--envs", "CRL/Sokoban-v0",
+                 "--seeds", "0-1", "--max-new-tokens", "16", "--env-kwargs",
+                 "max_episode_steps=2", "--no-progress", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in
+               (out / "transcripts.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert sorted(r["seed"] for r in records) == [0, 1]
+    assert records[0]["turns"][0]["reply"] == REPLY + "\ufffd"
+    assert len((out / "results.jsonl").read_text(encoding="utf-8").splitlines()) == 2
 
 
 # ----------------------------------------------------------------- a real server
