@@ -3,7 +3,8 @@
 Holds ``quiet_third_party``, which the ``crl`` commands that load models (``demo``, ``train``,
 ``eval``) call unless ``--verbose``, and ``VERBOSE_COMMANDS``, the commands that take that flag.
 What it silences: transformers' "Loading weights" and "Writing model shards" bars (one at every
-model load and save) and huggingface_hub's download bars. Each phase keeps one display of our
+model load and save), huggingface_hub's download bars and vLLM's info and warning lines (a
+screenful at every engine start). Each phase keeps one display of our
 own (the training steps' bar, the episodes' bar); the one-time GGUF conversion of a packaged
 model keeps its own bar, its phase's only one. peft's hub lookup at an adapter save ("Unable to
 fetch remote file", "Could not find a config file") is not made at all
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["quiet_third_party", "VERBOSE_COMMANDS", "HUB_BARS_VARIABLE"]
+__all__ = ["quiet_third_party", "VERBOSE_COMMANDS", "HUB_BARS_VARIABLE", "VLLM_LEVEL_VARIABLE"]
 
 VERBOSE_COMMANDS = ("demo", "train", "eval")
 """the ``crl`` commands that are quiet unless ``--verbose``"""
@@ -24,10 +25,22 @@ HUB_BARS_VARIABLE = "HF_HUB_DISABLE_PROGRESS_BARS"
 """huggingface_hub's switch, which transformers' bars follow too; a value the user set wins"""
 
 
+VLLM_LEVEL_VARIABLE = "VLLM_LOGGING_LEVEL"
+"""vLLM's log level (its own default INFO: a screenful at every engine start); a value the user
+set wins"""
+
+
 def quiet_third_party() -> None:
-    """Switch off transformers' and huggingface_hub's progress bars in this process and the ones
-    it starts (Ray workers, vLLM's), unless ``$HF_HUB_DISABLE_PROGRESS_BARS`` is set already,
-    which then decides. Warnings and errors are untouched."""
+    """Switch off transformers' and huggingface_hub's progress bars and vLLM's log lines below
+    errors, in this process and the ones it starts (Ray workers, vLLM's), unless
+    ``$HF_HUB_DISABLE_PROGRESS_BARS`` (``$VLLM_LOGGING_LEVEL``) is set already, which then
+    decides. Our own warnings are untouched."""
+    if VLLM_LEVEL_VARIABLE not in os.environ:
+        os.environ[VLLM_LEVEL_VARIABLE] = "ERROR"
+        if "vllm" in sys.modules:  # it read the variable at import: tell its logger now
+            import logging
+
+            logging.getLogger("vllm").setLevel(logging.ERROR)
     if HUB_BARS_VARIABLE in os.environ:
         return
     os.environ[HUB_BARS_VARIABLE] = "1"

@@ -15,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
-    """This environment with the worktree's code first on the path."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
+    """This environment with the worktree's code first on the path, without the switches of
+    quiet output (an in-process ``crl`` command of another test sets them here)."""
+    from crl_harness.quiet import HUB_BARS_VARIABLE, VLLM_LEVEL_VARIABLE
+
+    env = {key: value for key, value in os.environ.items()
+           if key not in (HUB_BARS_VARIABLE, VLLM_LEVEL_VARIABLE)}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
 
 
 @pytest.mark.slow
