@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from crl_envs.errors import UserFacingError, missing_extra
+from crl_harness.quiet import VERBOSE_COMMANDS, quiet_third_party
 
 __all__ = ["main", "COMMANDS", "version"]
 
@@ -47,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text, description=help_text)
         module = importlib.import_module(module_name)
         module.add_arguments(command)
+        if name in VERBOSE_COMMANDS:
+            command.add_argument("--verbose", action="store_true",
+                                 help="show the libraries' own progress bars (model loads and "
+                                      "saves, downloads), hidden by default")
         command.set_defaults(_module=module)
     return parser
 
@@ -65,6 +70,8 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
+    if args.command in VERBOSE_COMMANDS and not args.verbose:
+        quiet_third_party()
     try:
         return int(args._module.run(args) or 0)
     except UserFacingError as err:

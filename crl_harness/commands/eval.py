@@ -64,12 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model agents: episodes generated for in one batch")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--kv-cache-tokens", type=int, default=KV_CACHE_TOKENS,
-                        help="hf agents: tokens of keys/values kept for reuse between turns "
-                             "(least recently used evicted; SmolLM2-135M: 46 KB a token)")
+                        help="hf and vllm agents: tokens of keys/values kept for reuse between "
+                             "turns (least recently used evicted; SmolLM2-135M: 46 KB a token)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="hf and vllm agents: the weights' precision (auto: bfloat16 on a "
                              "GPU, float32 on a CPU; bfloat16 doubles a CPU's speed where it has "
                              "AVX512-BF16 or AMX)")
+    parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"],
+                        help="hf agents: what generates, transformers (hf) or vLLM (adapters "
+                             "merged); auto (default): vllm where it imports and runs here, else "
+                             "hf, said in one line")
     parser.add_argument("--no-kv-reuse", action="store_true",
                         help="hf agents: prefill every prompt in full (the slow path, to compare)")
     parser.add_argument("--env-kwargs", nargs="+", default=None, metavar="KEY=VALUE",
@@ -167,6 +171,26 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_range("--kv-cache-tokens", args.kv_cache_tokens, 1)
 
 
+def choose_agent_engine(args: argparse.Namespace, console: Any) -> None:
+    """``--engine`` of an ``hf:`` agent (``crl_harness.models.engines``'s rule, said in one
+    line): where it means vllm, the agent becomes ``vllm:`` of the same model. ``--no-kv-reuse``
+    is transformers' own, so auto means hf with it."""
+    from crl_harness.models.engines import choose_engine
+
+    if not args.agent.startswith("hf:"):
+        if args.engine != "auto":
+            raise UserFacingError(f"--engine {args.engine} is for hf: agents; {args.agent} "
+                                  "chooses its own.")
+        return
+    choice = choose_engine(args.engine, hf_because="--no-kv-reuse is the hf engine's"
+                           if args.no_kv_reuse else None)
+    if choice.engine == "vllm" and args.no_kv_reuse:
+        raise UserFacingError("--no-kv-reuse is the hf engine's; drop it or give --engine hf.")
+    console.print(choice.line(args.agent), highlight=False)
+    if choice.engine == "vllm":
+        args.agent = "vllm:" + args.agent.removeprefix("hf:")
+
+
 def eval_settings(args: argparse.Namespace, env_ids: list[str], seeds: list[int],
                   env_kwargs: dict[str, Any]) -> dict[str, Any]:
     """What decides an eval's episodes and outcomes: ``--resume`` requires the same."""
@@ -242,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:
         console.width = 140  # logs and CI: room for every column
     check_arguments(args)
+    choose_agent_engine(args, console)
     env_ids = expand_env_ids(args.envs)
     seeds = parse_seeds(args.seeds, args.episodes)
     env_kwargs = parse_env_kwargs(args.env_kwargs)
@@ -344,7 +369,8 @@ def _evaluate(args: argparse.Namespace, console: Any, out: Path, env_ids: list[s
         from crl_harness.models.registry import load_backend
 
         extra = {} if args.max_context is None else {"max_context": args.max_context}
-        backend = load_backend(args.agent, dtype=args.dtype, **extra)
+        backend = load_backend(args.agent, dtype=args.dtype, kv_cache_tokens=args.kv_cache_tokens,
+                               **extra)
     elif args.agent.startswith("openai:"):
         from crl_harness.models.registry import load_backend
 

