@@ -135,7 +135,7 @@ def save_adapter(learner: PolicyLearner, directory: Path, base: str) -> Path:
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     try:
-        learner.model.save_pretrained(staging)
+        learner.model.save_pretrained(staging, save_embedding_layers=False)  # no hub lookup
         state = {k: v.to(torch.float16).contiguous()
                  for k, v in learner.trainable_state_dict().items()}
         save_file(state, str(staging / "adapter_model.safetensors"))
