@@ -76,6 +76,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+class EpisodeTally:
+    """The progress bar's count of finished episodes: wins among those played, and the episodes
+    that failed with an error (not played, so neither a win nor a loss).
+
+    >>> from crl_harness.rollout import Trajectory
+    >>> tally = EpisodeTally()
+    >>> for traj in (Trajectory("E", 0, won=True), Trajectory("E", 1, error="RuntimeError: x")):
+    ...     tally.add(traj)
+    >>> tally.line()
+    'wins 1/1 played, errors 1'
+    """
+
+    def __init__(self) -> None:
+        self.played = self.wins = self.errors = 0
+
+    def add(self, traj: Any) -> None:
+        """Count one finished ``Trajectory``."""
+        if traj.error:
+            self.errors += 1
+        else:
+            self.played += 1
+            self.wins += bool(traj.won)
+
+    def line(self) -> str:
+        errors = f", errors {self.errors}" if self.errors else ""
+        return f"wins {self.wins}/{self.played} played{errors}"
+
+
 MAX_ENV_KWARGS_CHARS = 4096
 """bound on the text of ``--env-kwargs`` (all its words together)"""
 
@@ -317,17 +345,22 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
     rollout = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, history=args.history, max_live=args.max_live,
                             workers=args.workers, experience_k=args.experience_k, seed=args.seed,
-                            env_kwargs=dict.fromkeys(env_ids, env_kwargs))
+                            env_kwargs=dict.fromkeys(env_ids, env_kwargs),
+                            # the env's rewards as they are: the format penalty is training's
+                            # shaping, and format failures have their own column
+                            format_penalty=0.0)
     console.print(f"[bold]crl eval[/]: {args.agent} on {len(env_ids)} env(s) x {len(seeds)} "
                   f"episodes -> {out}")
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("wins {task.fields[wins]}"), TimeElapsedColumn(),
+                  TextColumn("{task.fields[tally]}"), TimeElapsedColumn(),
                   console=console, disable=args.no_progress or args.agent == "human") as progress:
-        bar = progress.add_task("episodes", total=len(specs), wins=0)
+        tally = EpisodeTally()
+        bar = progress.add_task("episodes", total=len(specs), tally=tally.line())
 
         def done(traj) -> None:
-            progress.update(bar, advance=1, wins=progress.tasks[bar].fields["wins"] + traj.won)
+            tally.add(traj)
+            progress.update(bar, advance=1, tally=tally.line())
 
         trajectories = earlier + evaluate(
             args.agent, specs, results_path=results_path, transcripts_path=out / TRANSCRIPTS,
