@@ -34,6 +34,7 @@ EXTRAS: dict[str, str] = {
     "vllm": "vllm",
     "ray": "ray",
     "trl": "trl",
+    "wandb": "tracking", "mlflow": "tracking",
 }
 
 

@@ -74,6 +74,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "as a string otherwise, e.g. variant=dark max_episode_steps=6; or "
                              "one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--report-to", nargs="+", default=[], choices=["wandb", "mlflow"],
+                        metavar="SERVICE",
+                        help="also log the results per env to wandb and/or mlflow (the tracking "
+                             "extra; configured by their own WANDB_* / MLFLOW_* variables)")
+
+
+def tracked_results(summaries: Sequence[Any]) -> dict[str, float]:
+    """The numbers of each env's ``EnvSummary`` that ``--report-to`` logs, as ``ENV_ID/name``.
+
+    >>> from crl_harness.eval import summarize
+    >>> from crl_harness.rollout import Trajectory
+    >>> results = tracked_results(summarize([Trajectory("CRL/Sokoban-v0", 0, won=True, steps=4)]))
+    >>> results["CRL/Sokoban-v0/success_rate"], results["CRL/Sokoban-v0/episodes"]
+    (1.0, 1.0)
+    """
+    fields = ("episodes", "successes", "success_rate", "ci_low", "ci_high", "mean_steps_success",
+              "invalid_action_rate", "format_failure_rate", "mean_reward", "mean_score",
+              "generated_tokens", "errors")
+    return {f"{s.env_id}/{name}": float(getattr(s, name)) for s in summaries for name in fields
+            if getattr(s, name) is not None}
 
 
 class EpisodeTally:
@@ -304,7 +324,9 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
         write_report,
     )
     from crl_harness.rollout import RolloutConfig
+    from crl_harness.tracking import check_services, open_trackers
 
+    check_services(args.report_to)  # a missing package is one line before any model loads
     specs = episode_specs(env_ids, seeds, use_experience=retriever is not None)
     settings = eval_settings(args, env_ids, seeds, env_kwargs)
     if args.resume:
@@ -368,6 +390,11 @@ def _evaluate(args: argparse.Namespace, console: Any, env_ids: list[str], seeds:
             backend=backend) if specs else earlier
     seconds = time.perf_counter() - started
     summaries = summarize(trajectories)
+    trackers = open_trackers(args.report_to, name=out.name, run_dir=out, config=settings)
+    try:
+        trackers.log(0, tracked_results(summaries))
+    finally:
+        trackers.close()
     title = f"{args.agent}: {len(trajectories)} episodes in {seconds:.1f}s"
     console.print(render_table(summaries, title=title))
     for env_id, error in dict.fromkeys((t.env_id, t.error) for t in trajectories if t.error):
