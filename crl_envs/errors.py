@@ -5,11 +5,20 @@ The ``crl`` command line prints these as one line instead of a traceback.
 
 from __future__ import annotations
 
-__all__ = ["UserFacingError", "EXTRAS", "missing_extra", "describe_error"]
+from collections.abc import Iterable
+from importlib.util import find_spec
+
+__all__ = ["UserFacingError", "MissingExtraError", "EXTRAS", "missing_extra", "require_extra",
+           "describe_error"]
 
 
 class UserFacingError(Exception):
     """A problem the user can fix (missing data, missing model, bad config); the message says how."""
+
+
+class MissingExtraError(UserFacingError, ImportError):
+    """An optional extra, or a module it needs, is not installed: an ``ImportError`` (``name`` is
+    the missing module) whose message is one line with the command that installs it."""
 
 
 # Top-level module -> the crl-gym extra that installs it (pyproject.toml's optional-dependencies).
@@ -25,6 +34,7 @@ EXTRAS: dict[str, str] = {
     "vllm": "vllm",
     "ray": "ray",
     "trl": "trl",
+    "wandb": "tracking", "mlflow": "tracking",
 }
 
 
@@ -46,9 +56,25 @@ def missing_extra(err: BaseException) -> str | None:
     return f"No module named {err.name!r}: pip install 'crl-gym[{extra}]' (the {extra} extra)."
 
 
+def require_extra(extra: str, modules: Iterable[str], what: str) -> None:
+    """Raise ``MissingExtraError`` naming ``extra``'s install command where one of ``modules``
+    (what ``what`` imports) is not installed; checked without importing them.
+
+    Example:
+        >>> require_extra("webshop", ["crl_no_such_module"], "The WebShop env")
+        Traceback (most recent call last):
+        ...
+        crl_envs.errors.MissingExtraError: The WebShop env needs the webshop extra (No module named 'crl_no_such_module'): pip install 'crl-gym[webshop]'.
+    """
+    for module in modules:
+        if find_spec(module) is None:
+            raise MissingExtraError(f"{what} needs the {extra} extra (No module named {module!r}): "
+                                    f"pip install 'crl-gym[{extra}]'.", name=module)
+
+
 def describe_error(err: BaseException) -> str:
-    """``err`` as one line: a missing extra's install command, else ``Type: message``, where
-    the message keeps an install hint that names its extra.
+    """``err`` as one line: a missing extra's install command (a ``MissingExtraError``'s message),
+    else ``Type: message``, where the message keeps an install hint that names its extra.
 
     Example:
         >>> describe_error(ModuleNotFoundError("No module named 'torch'", name="torch"))
@@ -56,4 +82,6 @@ def describe_error(err: BaseException) -> str:
         >>> describe_error(RuntimeError("boom"))
         'RuntimeError: boom'
     """
+    if isinstance(err, MissingExtraError):  # its message is the line, install command included
+        return str(err)
     return missing_extra(err) or f"{type(err).__name__}: {err}"

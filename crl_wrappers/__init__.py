@@ -5,8 +5,8 @@
 - ``experience_block`` / ``with_experience``: the one rendering of that experience, for a harness
   that builds its own prompt.
 
-The import name is ``crl_wrappers``, one no other project uses; ``wrappers``, the older name, still
-works where the importing project has no ``wrappers`` package of its own.
+The import name is ``crl_wrappers``, one no other project uses; ``wrappers``, the older name, is
+deprecated and only in a checkout (the wheel does not install it).
 """
 
 from crl_wrappers.experience import (

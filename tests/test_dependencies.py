@@ -94,3 +94,12 @@ def test_trl_extra_installs_beside_the_train_extra(index):
     assert _release(resolved["trl"]) >= (1, 16) and resolved["torch"].startswith("2.13.0")
     assert _release(resolved["transformers"]) < (5, 20)
     assert "crl-gym[trl]; python_version >= '3.11'" in _project()["optional-dependencies"]["all"]
+
+
+@pytest.mark.parametrize("extra", [e for e in _project()["optional-dependencies"] if e != "all"])
+def test_every_extra_keeps_what_minihack_needs(index, extra):
+    """minihack 1.0.2 imports pkg_resources, which setuptools 82 removed: an extra installed after
+    ``minihack`` (``train``'s torch, ``webshop``'s spaCy pull setuptools in) keeps it below 82."""
+    resolved = resolve(requirements(extra))
+    if "setuptools" in resolved:
+        assert _release(resolved["setuptools"]) < (82,), f"[{extra}] brings {resolved['setuptools']}"

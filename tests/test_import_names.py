@@ -1,6 +1,7 @@
 """crl-gym's import names do not collide with a project's own packages: a ``wrappers`` package of
 the importing project (common in RL code) shadows crl-gym's older ``wrappers`` name, never the
-library, which imports its wrappers as ``crl_wrappers``."""
+library, which imports its wrappers as ``crl_wrappers``. (The wheel does not install ``wrappers``
+at all: tests/test_packaging.py.)"""
 
 from __future__ import annotations
 
@@ -36,9 +37,15 @@ def test_a_projects_own_wrappers_package_leaves_the_library_working(tmp_path):
     assert done.stdout.strip() == "ok"
 
 
-def test_the_older_name_is_the_same_objects_where_nothing_shadows_it(tmp_path):
-    done = _run("import crl_wrappers, crl_wrappers.experience as new\n"
-                "from wrappers import ExperienceAugmentation\n"
+def test_the_older_name_in_a_checkout_warns_and_is_the_same_objects(tmp_path):
+    done = _run("import warnings\n"
+                "import crl_wrappers, crl_wrappers.experience as new\n"
+                "with warnings.catch_warnings(record=True) as caught:\n"
+                "    warnings.simplefilter('always')\n"
+                "    from wrappers import ExperienceAugmentation\n"
+                "assert [w.category for w in caught] == [DeprecationWarning], caught\n"
+                "assert 'crl_wrappers' in str(caught[0].message)\n"
+                "assert caught[0].filename == '<string>', caught[0].filename  # the importing line\n"
                 "from wrappers.experience import retrieval_query\n"
                 "assert ExperienceAugmentation is crl_wrappers.ExperienceAugmentation\n"
                 "assert retrieval_query is new.retrieval_query\n"

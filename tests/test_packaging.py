@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,33 @@ def test_hardening_no_assets_anywhere_is_a_clear_error(monkeypatch):
             assets_dir()
     finally:
         assets_dir.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """crl-gym's wheel, built offline from a copy of this checkout."""
+    # A copy, so the build's build/ and egg-info folders (which keep stale files) stay out of the
+    # checkout; no build isolation: setuptools is installed, and no index is needed.
+    work = tmp_path_factory.mktemp("wheel")
+    source = work / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "runs", "*.egg-info", "__pycache__", ".*_cache"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(work / "dist"), str(source)], check=True, cwd=work,
+                   env=_clean_env())
+    return next((work / "dist").glob("crl_gym-*.whl"))
+
+
+def test_hardening_the_wheel_owns_no_generic_top_level_name(wheel):
+    """Every top-level name the wheel installs is crl's own: no ``wrappers`` package that another
+    distribution's ``wrappers`` would overwrite (or delete on its uninstall)."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))
+        top_level = archive.read(f"{dist_info}/top_level.txt").decode().split()
+    assert {n.split("/")[0] for n in names} == {
+        "crl_envs", "crl_wrappers", "crl_harness", dist_info, dist_info.replace(".dist-info", ".data")}
+    assert sorted(top_level) == ["crl_envs", "crl_harness", "crl_wrappers"]
 
 
 WHEEL_CHECKS = textwrap.dedent(f"""
@@ -92,19 +120,10 @@ WHEEL_CHECKS = textwrap.dedent(f"""
 
 
 @pytest.mark.slow
-def test_wheel_installs_assets_that_an_installed_copy_finds(tmp_path):
-    """Build the wheel, install it (no dependencies: this venv's are reused) into a fresh venv,
-    and use configs, prompts, the warm start and an env from elsewhere."""
-    # A copy, so the build's build/ and egg-info folders (which keep stale files) stay out of the
-    # checkout; no build isolation: setuptools is installed, and no index is needed.
-    source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "runs", "*.egg-info", "__pycache__", ".*_cache"))
-    dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(dist), str(source)], check=True, cwd=tmp_path,
-                   env=_clean_env())
-    wheel = next(dist.glob("crl_gym-*.whl"))
+def test_wheel_installs_assets_that_an_installed_copy_finds(tmp_path, wheel):
+    """Install the wheel (no dependencies: this venv's are reused) into a fresh venv, beside a
+    distribution that ships `wrappers`, and use configs, prompts, the warm start and an env from
+    elsewhere."""
     target = tmp_path / "venv"
     venv.create(target, with_pip=False)
     python = target / "bin" / "python"
@@ -120,6 +139,29 @@ def test_wheel_installs_assets_that_an_installed_copy_finds(tmp_path):
     Path(child_site, "parent_venv.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     elsewhere = tmp_path / "project"
     elsewhere.mkdir()
+
+    # Another distribution that ships a top-level `wrappers`, installed beside crl-gym and then
+    # uninstalled, changes no file of crl-gym's.
+    def crl_files() -> dict[str, bytes]:
+        return {str(p.relative_to(child_site)): p.read_bytes()
+                for name in ("crl_envs", "crl_wrappers", "crl_harness", "wrappers")
+                for p in Path(child_site, name).rglob("*.py")}
+
+    before = crl_files()
+    other = tmp_path / "other"
+    (other / "wrappers").mkdir(parents=True)
+    (other / "wrappers" / "__init__.py").write_text("MINE = True\n")
+    (other / "pyproject.toml").write_text(
+        '[project]\nname = "other-wrappers"\nversion = "1.0"\n'
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n')
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path / "other-dist"), str(other)], check=True,
+                   cwd=tmp_path, env=_clean_env())
+    for command in (["install", "--no-deps", next((tmp_path / "other-dist").glob("*.whl"))],
+                    ["uninstall", "-y", "other-wrappers"]):
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "-q", *map(str, command)],
+                       check=True, cwd=tmp_path, env=_clean_env())
+    assert before and crl_files() == before
 
     shipped = {p.relative_to(ROOT / "assets") for p in (ROOT / "assets").rglob("*") if p.is_file()}
     installed_root = Path(subprocess.run(

@@ -1,9 +1,17 @@
-"""The older import name of ``crl_wrappers``, crl-gym's gymnasium wrappers: the same objects.
+"""Deprecated: the older import name of ``crl_wrappers``, kept only in a checkout of crl-gym.
 
-``from wrappers import ExperienceAugmentation`` keeps working where the importing project has no
-``wrappers`` package of its own; where it has one, that one wins: import ``crl_wrappers``.
+The wheel does not ship it (a generic top-level ``wrappers`` package would overwrite, or be
+overwritten by, any other distribution's ``wrappers``): ``import wrappers`` works only where a
+checkout's root is on ``sys.path``, warns ``DeprecationWarning`` and gives the same objects as
+``crl_wrappers``. Import ``crl_wrappers``.
 """
 
+import warnings
+
 from crl_wrappers import DEFAULT_HEADER, ExperienceAugmentation, ExperienceItem, Retriever
+
+# stacklevel 2: the warning points at the importing line of the user's code.
+warnings.warn("`wrappers` is deprecated and not installed by the crl-gym wheel: import "
+              "`crl_wrappers` (the same objects)", DeprecationWarning, stacklevel=2)
 
 __all__ = ["ExperienceAugmentation", "ExperienceItem", "Retriever", "DEFAULT_HEADER"]

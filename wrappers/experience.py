@@ -1,4 +1,5 @@
-"""The older import name of ``crl_wrappers.experience``: the same objects."""
+"""Deprecated: the older import name of ``crl_wrappers.experience`` (importing it warns, through
+``wrappers``): the same objects."""
 
 from crl_wrappers.experience import (
     DEFAULT_HEADER,

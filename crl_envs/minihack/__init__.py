@@ -7,10 +7,12 @@
 
 from importlib.util import find_spec
 
-for _module in ("nle", "minihack"):
-    if find_spec(_module) is None:
-        raise ImportError("The MiniHack envs need the NetHack engine (nle) and minihack: "
-                          "pip install 'crl-gym[minihack]'.", name=_module)
+from crl_envs.errors import MissingExtraError, require_extra
+
+require_extra("minihack", ("nle", "minihack"), "The MiniHack env")
+if find_spec("pkg_resources") is None:  # an extra or a pip install after [minihack] upgraded it
+    raise MissingExtraError("minihack 1.0.2 imports pkg_resources, which setuptools 82 and later "
+                            "no longer have: pip install 'setuptools<82'.", name="pkg_resources")
 
 from crl_envs.minihack.env import TASKS, MiniHackEnv, make_raw_env  # noqa: E402
 

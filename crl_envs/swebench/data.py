@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_envs.data import DataNotFoundError, resolve_data
+from crl_envs.errors import MissingExtraError
 
 __all__ = ["UPSTREAM_ID", "TOY_DIR", "VERIFIED_FILE", "load_instances", "read_task_ids"]
 
@@ -91,7 +92,8 @@ def load_instances(dataset: str = "verified", data_dir: str | os.PathLike | None
     try:
         rows = _load(name)
     except ImportError as err:
-        raise ImportError("SWE tasks need swebench: pip install 'crl-gym[swebench]'.") from err
+        raise MissingExtraError("SWE tasks need swebench: pip install 'crl-gym[swebench]'.",
+                                name=err.name) from err
     except Exception as err:
         if name != UPSTREAM_ID:
             raise

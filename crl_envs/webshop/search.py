@@ -25,8 +25,14 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 import numpy as np
-import regex
-from nltk.stem.porter import PorterStemmer
+
+from crl_envs.errors import require_extra
+
+# Checked first, so gym.make("CRL/WebShop-v0") without the extra names it, not a bare module.
+require_extra("webshop", ("regex", "nltk"), "The WebShop env")
+
+import regex  # noqa: E402
+from nltk.stem.porter import PorterStemmer  # noqa: E402
 
 __all__ = ["ENGLISH_STOP_WORDS", "analyze", "tokenize", "LuceneBM25"]
 

@@ -1,4 +1,5 @@
-"""``crl data fetch NAME``: download a benchmark dataset from its upstream sources."""
+"""``crl data fetch NAME``: download a benchmark dataset from its upstream sources; ``crl data
+where``: where each dataset and the embedded model resolve on this machine."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fetch.add_argument("name", help=f"dataset name ({', '.join(sorted(data.SOURCES)) or 'none yet'})")
     fetch.add_argument("--dest", default=None, help="target directory (default: the user cache)")
     fetch.add_argument("--force", action="store_true", help="download again even if present")
-    sub.add_parser("where", help="print where each dataset resolves")
+    sub.add_parser("where", help="print where each dataset and the embedded model resolve")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,4 +35,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: {data.resolve_data(name)}")
         except data.DataNotFoundError as err:
             print(f"{name}: missing. {err}")
+    from crl_harness.models.names import MODELS, model_location
+
+    for name in MODELS:
+        print(f"model {name}: {model_location(name)}")
     return 0

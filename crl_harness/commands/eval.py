@@ -82,6 +82,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "as a string otherwise, e.g. variant=dark max_episode_steps=6; or "
                              "one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--report-to", nargs="+", default=[], choices=["wandb", "mlflow"],
+                        metavar="SERVICE",
+                        help="also log the results per env to wandb and/or mlflow (the tracking "
+                             "extra; configured by their own WANDB_* / MLFLOW_* variables)")
+
+
+def tracked_results(summaries: Sequence[Any]) -> dict[str, float]:
+    """The numbers of each env's ``EnvSummary`` that ``--report-to`` logs, as ``ENV_ID/name``.
+
+    >>> from crl_harness.eval import summarize
+    >>> from crl_harness.rollout import Trajectory
+    >>> results = tracked_results(summarize([Trajectory("CRL/Sokoban-v0", 0, won=True, steps=4)]))
+    >>> results["CRL/Sokoban-v0/success_rate"], results["CRL/Sokoban-v0/episodes"]
+    (1.0, 1.0)
+    """
+    fields = ("episodes", "successes", "success_rate", "ci_low", "ci_high", "mean_steps_success",
+              "invalid_action_rate", "format_failure_rate", "mean_reward", "mean_score",
+              "generated_tokens", "errors")
+    return {f"{s.env_id}/{name}": float(getattr(s, name)) for s in summaries for name in fields
+            if getattr(s, name) is not None}
+
+
+class EpisodeTally:
+    """The progress bar's count of finished episodes: wins among those played, and the episodes
+    that failed with an error (not played, so neither a win nor a loss).
+
+    >>> from crl_harness.rollout import Trajectory
+    >>> tally = EpisodeTally()
+    >>> for traj in (Trajectory("E", 0, won=True), Trajectory("E", 1, error="RuntimeError: x")):
+    ...     tally.add(traj)
+    >>> tally.line()
+    'wins 1/1 played, errors 1'
+    """
+
+    def __init__(self) -> None:
+        self.played = self.wins = self.errors = 0
+
+    def add(self, traj: Any) -> None:
+        """Count one finished ``Trajectory``."""
+        if traj.error:
+            self.errors += 1
+        else:
+            self.played += 1
+            self.wins += bool(traj.won)
+
+    def line(self) -> str:
+        errors = f", errors {self.errors}" if self.errors else ""
+        return f"wins {self.wins}/{self.played} played{errors}"
 
 
 MAX_ENV_KWARGS_CHARS = 4096
@@ -339,7 +387,9 @@ def _evaluate(args: argparse.Namespace, console: Any, out: Path, env_ids: list[s
         write_report,
     )
     from crl_harness.rollout import RolloutConfig
+    from crl_harness.tracking import check_services, open_trackers
 
+    check_services(args.report_to)  # a missing package is one line before any model loads
     specs = episode_specs(env_ids, seeds, use_experience=retriever is not None)
     settings = eval_settings(args, env_ids, seeds, env_kwargs)
     if args.resume:
@@ -380,7 +430,10 @@ def _evaluate(args: argparse.Namespace, console: Any, out: Path, env_ids: list[s
     rollout = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, history=args.history, max_live=args.max_live,
                             workers=args.workers, experience_k=args.experience_k, seed=args.seed,
-                            env_kwargs=dict.fromkeys(env_ids, env_kwargs))
+                            env_kwargs=dict.fromkeys(env_ids, env_kwargs),
+                            # the env's rewards as they are: the format penalty is training's
+                            # shaping, and format failures have their own column
+                            format_penalty=0.0)
     console.print(f"[bold]crl eval[/]: {args.agent} on {len(env_ids)} env(s) x {len(seeds)} "
                   f"episodes -> {out}")
 
@@ -392,15 +445,17 @@ def _evaluate(args: argparse.Namespace, console: Any, out: Path, env_ids: list[s
 
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("wins {task.fields[wins]}"), TimeElapsedColumn(),
+                  TextColumn("{task.fields[tally]}"), TimeElapsedColumn(),
                   console=console, disable=args.no_progress or args.agent == "human") as progress:
-        bar = progress.add_task("episodes", total=len(specs), wins=0)
+        tally = EpisodeTally()
+        bar = progress.add_task("episodes", total=len(specs), tally=tally.line())
 
         played: list = []
 
         def done(traj) -> None:
             played.append(traj)
-            progress.update(bar, advance=1, wins=progress.tasks[bar].fields["wins"] + traj.won)
+            tally.add(traj)
+            progress.update(bar, advance=1, tally=tally.line())
 
         try:
             trajectories = earlier + evaluate(
@@ -414,6 +469,11 @@ def _evaluate(args: argparse.Namespace, console: Any, out: Path, env_ids: list[s
             raise
     seconds = time.perf_counter() - started
     summaries = summarize(trajectories)
+    trackers = open_trackers(args.report_to, name=out.name, run_dir=out, config=settings)
+    try:
+        trackers.log(0, tracked_results(summaries))
+    finally:
+        trackers.close()
     title = f"{args.agent}: {len(trajectories)} episodes in {seconds:.1f}s"
     console.print(render_table(summaries, title=title))
     for env_id, error in dict.fromkeys((t.env_id, t.error) for t in trajectories if t.error):

@@ -1,14 +1,6 @@
-"""``crl swe``: SWE-bench tools.
-
-``crl swe build-image toy``: build the toy task's Docker image offline (see ``build_image``).
-
-``crl swe filter RESULTS``: the paper's SWE task filter over a results file of attempts.
-
-Keeps the tasks whose pass rate (successes / attempts, the base model's pass@16 in the paper)
-lies strictly between ``--min-rate`` (0) and ``--max-rate`` (0.8): tasks neither hopeless nor
-already solved, 124 of SWE-bench Verified in the paper. Writes the kept ids one a line (to
-``--out`` or stdout), a file ``SWEBenchEnv(task_ids=...)`` and ``crl eval`` accept as a task
-list. The results format is ``crl_harness.results`` (``crl-results/1``).
+"""``crl swe``: SWE-bench tools: ``crl swe filter RESULTS``, the paper's SWE task filter over a
+results file of attempts (``FILTER_HELP``), and ``crl swe build-image toy``, the toy task's
+Docker image built offline (``BUILD_IMAGE_HELP``, ``build_image``).
 """
 
 from __future__ import annotations
@@ -23,7 +15,8 @@ from crl_harness.results import TaskTally, read_attempts, tally
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="swe_command", required=True)
     keep = sub.add_parser("filter", help="keep tasks with min-rate < pass rate < max-rate",
-                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                          description=FILTER_HELP,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     keep.add_argument("results", help="results file of attempts (JSON Lines, crl-results/1)")
     keep.add_argument("--min-rate", type=float, default=0.0,
                       help="keep tasks whose pass rate is strictly above this (default 0)")
@@ -45,10 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="build the root file system and both images again")
 
 
+FILTER_HELP = """\
+The paper's SWE task filter over a results file of attempts (crl-results/1, the format of
+crl_harness/results.py, which crl eval writes as results.jsonl).
+
+Keeps the tasks whose pass rate (successes / attempts, the base model's pass@16 in the paper)
+lies strictly between --min-rate (0) and --max-rate (0.8): tasks neither hopeless nor already
+solved, 124 of SWE-bench Verified in the paper. Writes the kept ids one a line (to --out or
+stdout), a file that SWEBenchEnv(task_ids=...) and crl eval accept as a task list.
+"""
+
 BUILD_IMAGE_HELP = """\
-Build crl-gym/sweb.eval.x86_64.crl-gym_1776_toy-intervals-1 (the toy row's `image`) without
+Build crl-gym/sweb.eval.x86_64.crl-gym_1776_toy-intervals-1 (the toy row's image) without
 any registry: debootstrap a minimal Debian root file system with python3, pytest, git and patch
-from the apt mirror (cached under ~/.cache/crl/swe-rootfs), `docker import` it as
+from the apt mirror (cached under ~/.cache/crl/swe-rootfs), "docker import" it as
 crl-gym/swe-base:bookworm, then add the toy repository at /testbed. Needs root, debootstrap
 and a running Docker daemon. Steps whose result is there are skipped.
 """

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where training runs (one process, or Ray actors): "
                              "shorthand for run.backend=...")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--report-to", nargs="+", default=[], choices=["wandb", "mlflow"],
+                        metavar="SERVICE",
+                        help="also log each step's metrics to wandb and/or mlflow (the tracking "
+                             "extra; configured by their own WANDB_* / MLFLOW_* variables)")
     parser.add_argument("--dry-run", action="store_true",
                         help="check models, data and env kwargs and print the plan (envs, "
                              "episodes and tokens per step, memory, checkpoint size); train "
@@ -69,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"crl train --dry-run: {problem}", file=sys.stderr)
             return 2
         return 0
-    train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+    train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
+          report_to=args.report_to)
     print(f"Run directory: {cfg.run.output_dir} (metrics.jsonl, learning_curve.png, "
           f"checkpoints/, tensorboard/)")
     return 0
@@ -89,11 +95,17 @@ def make_trainer(cfg: Any, **kwargs: Any) -> Any:
 
 
 def train(cfg: Any, *, resume: bool = False, overwrite: bool = False,
-          progress: bool = True) -> Path:
-    """Train ``cfg`` (a ``TrainConfig``) with a progress bar; returns the checkpoint of its final
+          progress: bool = True, report_to: Sequence[str] = ()) -> Path:
+    """Train ``cfg`` (a ``TrainConfig``) with a progress bar, each step's metrics also to the
+    services of ``report_to`` (``crl_harness.tracking``); returns the checkpoint of its final
     step. A run directory that cannot be used is one ``UserFacingError``, before models load."""
     output_dir(cfg.run.output_dir, "run.output_dir")
     from tqdm import tqdm
+
+    from crl_harness.config import config_to_dict
+    from crl_harness.tracking import Trackers, check_services, open_trackers
+
+    check_services(report_to)  # a missing package is one line before any model loads
 
     bar = tqdm(total=cfg.run.steps, desc=f"{cfg.name} [{cfg.arm}]", unit="step",
                disable=not progress)
@@ -106,11 +118,20 @@ def train(cfg: Any, *, resume: bool = False, overwrite: bool = False,
             shown["bank"] = int(metrics["bank/size"])
         bar.set_postfix(shown)
         bar.refresh()
+        trackers.log(step, metrics)
 
+    trackers = Trackers([])
     trainer = make_trainer(cfg, resume=resume, overwrite=overwrite, on_step=on_step)
+    # Opened once the trainer has made (or, with --overwrite, emptied) the run directory, which
+    # a W&B run writes into; on_step reads this name when it runs.
+    trackers = open_trackers(report_to, name=f"{cfg.name}-{cfg.arm}",
+                             run_dir=Path(cfg.run.output_dir), config=config_to_dict(cfg))
     bar.n = trainer.step
     bar.refresh()
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        trackers.close()
     bar.close()
     # a resumed run with no step left saved nothing new: its latest checkpoint is its final one
     return trainer.last_checkpoint or trainer.checkpoints.latest()

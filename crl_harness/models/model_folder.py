@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from crl_harness.models.base import ModelLoadError
+from crl_harness.models.names import embedded_name
 
 __all__ = ["check_model_folder", "adapter_base", "is_adapter_folder"]
 
@@ -47,7 +48,9 @@ def check_model_folder(folder: Path) -> None:
 
 def adapter_base(folder: Path) -> str:
     """The base model that the adapters in ``folder`` were trained on (``base_model_name_or_path``
-    of ``adapter_config.json``), after checking that the adapter weights are there."""
+    of ``adapter_config.json``), after checking that the adapter weights are there. An embedded
+    model's upstream id, which the adapters crl writes name, gives its short name: crl loads them
+    onto its local copy, offline (``names.embedded_name``)."""
     config_file = folder / "adapter_config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
@@ -62,4 +65,4 @@ def adapter_base(folder: Path) -> str:
         raise ModelLoadError(f"{folder} has adapter_config.json but no adapter weights "
                              "(adapter_model.safetensors): half written; write the adapters again "
                              "(crl warmstart).")
-    return base
+    return embedded_name(base)

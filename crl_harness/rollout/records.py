@@ -66,7 +66,8 @@ class Turn:
     action: str | None = None
     format_ok: bool = True
     action_valid: bool = True
-    reward: float = 0.0
+    reward: float = 0.0  # the env's reward for this step (0 where the env did not step)
+    format_penalty: float = 0.0  # the rollout's penalty for a reply out of format (training shaping)
     finish_reason: str = ""
     observation: str = ""  # what the agent saw before this reply
     ask: AskRecord | None = None  # set when the reply asked the knowledge base (no env step)
@@ -108,7 +109,8 @@ class Trajectory:
     ``task_id`` names the task (the env's ``info["task_id"]``, else ``ENV_ID:SEED``), and
     ``retrieval_key`` the level as retrieval looks it up (the env's ``info["retrieval_query"]``
     at reset, empty where it gives none).
-    ``reward`` is the episode return (env rewards plus format penalties), ``won`` and ``score``
+    ``reward`` is the episode return (the turns' env rewards plus their format penalties, each
+    kept apart on its ``Turn``), ``won`` and ``score``
     the env's verdict, ``steps`` the number of agent turns that count toward the step limit
     (answered asks do not), ``experience_ids`` the bank entries shown to the agent (for the
     extractor's credit; kept when the gate rejected them) and ``experience`` their text as

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from crl_harness.models.model_card import write_adapter_card
 from crl_harness.training.run_directory import ResumeError
 
 if TYPE_CHECKING:
@@ -195,6 +196,9 @@ def write_checkpoint(directory: Path, state: RunState, *, cfg: TrainConfig,
     base = actor_adapter_base(cfg.actor.model, actor.lora)
     if base is not None:
         actor.save_adapter(directory / "actor_hf", base)
+        write_adapter_card(directory / "actor_hf", command=f"crl train {cfg.name}",
+                           trained_on=f"{state.step} steps of crl-gym training (arm "
+                                      f"{cfg.arm}) on {', '.join(e.id for e in cfg.tasks.envs)}")
     else:
         actor.save_merged(directory / "actor_hf")
     tokenizer.save_pretrained(directory / "actor_hf")
@@ -205,12 +209,12 @@ def write_checkpoint(directory: Path, state: RunState, *, cfg: TrainConfig,
 
 
 def actor_adapter_base(model: str, lora: Any) -> str | None:
-    """The base model a checkpoint's actor adapters name (``actor.model``: a short name or
-    a shipped ``assets/...`` path as written, another local path made absolute), or None
+    """The base model a checkpoint's actor adapters name (``actor.model``: an embedded model's
+    hub id, a shipped ``assets/...`` path as written, another local path made absolute), or None
     when the actor trains no adapters (``lora``: the learner's) or its model is an adapter
     folder merged at load."""
     from crl_harness.models.model_folder import is_adapter_folder
-    from crl_harness.models.names import MODELS, resolve_model_path
+    from crl_harness.models.names import MODELS, resolve_model_path, upstream_id
 
     if lora is None:
         return None
@@ -218,7 +222,9 @@ def actor_adapter_base(model: str, lora: Any) -> str | None:
     path = Path(resolve_model_path(name)).expanduser()
     if is_adapter_folder(path):
         return None
-    if name in MODELS or name.startswith("assets/") or not path.exists():
+    if name in MODELS:  # its hub id: other tools find it, crl maps it back to its copy
+        return upstream_id(name)
+    if name.startswith("assets/") or not path.exists():
         return name
     return str(path.resolve())
 

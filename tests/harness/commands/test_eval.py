@@ -397,3 +397,26 @@ def test_crl_eval_resume_hardening_a_kill_between_the_appends_loses_no_transcrip
     attempts = sorted(a.seed for a in read_attempts(out / "results.jsonl"))
     transcripts = sorted(r["seed"] for r in _records(out / "transcripts.jsonl"))
     assert attempts == transcripts == [0, 1, 2, 3]
+
+
+def test_hardening_crl_eval_counts_errors_apart_and_reports_the_envs_rewards(tmp_path, capsys,
+                                                                           without_module):
+    """The progress bar counts wins among the episodes played and the errored ones apart (it said
+    "4/4 wins 2" with two never played), and a reply out of format costs no reward in crl eval:
+    the rewards are the env's (1 or 0), the training format penalty is not applied."""
+    pytest.importorskip("transformers")
+    from crl_harness.models.tiny import build_tiny_model
+
+    without_module("SWEBench", "swebench")
+    assert main(["eval", "--agent", "scripted", "--envs", "CRL/SWEBenchToy-v0,CRL/Sokoban-v0",
+                 "--episodes", "2", "--out", str(tmp_path / "scripted")]) == 0
+    assert "4/4 wins 2/2 played, errors 2" in capsys.readouterr().out
+
+    model = build_tiny_model(tmp_path / "tiny")  # it never writes the answer format
+    out = tmp_path / "ev"
+    assert main(["eval", "--agent", f"hf:{model}", "--envs", "CRL/Sokoban-v0", "--episodes", "1",
+                 "--max-new-tokens", "4", "--history", "1", "--out", str(out)]) == 0
+    assert "1/1 wins 0/1 played" in capsys.readouterr().out
+    [sokoban] = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert [t["format_ok"] for t in sokoban["turns"]] == [False] * 30  # the step limit
+    assert [t["reward"] for t in sokoban["turns"]] == [0.0] * 30 and sokoban["reward"] == 0.0

@@ -147,9 +147,12 @@ def test_a_format_failure_is_a_counted_no_op_with_the_penalty():
     engine = RolloutEngine(SokobanSolverBackend(malformed_first=True), format_penalty=-0.5)
     [traj] = engine.run([EpisodeSpec(SOKOBAN, seed=2)])
     assert traj.won and traj.format_failures == 1 and traj.invalid_actions == 1
-    assert not traj.turns[0].format_ok and traj.turns[0].reward == -0.5
+    # the env did not step: its reward is 0, the penalty is the rollout's, recorded apart
+    assert not traj.turns[0].format_ok and traj.turns[0].reward == 0.0
+    assert traj.turns[0].format_penalty == -0.5 and traj.turns[-1].reward == 1.0
     assert traj.turns[1].observation.startswith("Invalid format")
     assert traj.reward == pytest.approx(1.0 - 0.5)
+    assert traj.reward == pytest.approx(sum(t.reward + t.format_penalty for t in traj.turns))
     engine.close()
 
 

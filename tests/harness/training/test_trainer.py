@@ -640,6 +640,9 @@ def test_lora_on_a_bf16_base_continues_init_from_and_resumes_from_adapter_only_c
     assert saved and all("lora_" in k for k in saved)
     assert json.loads((actor_hf / "adapter_config.json").read_text())[
         "base_model_name_or_path"] == str(models[0].resolve())
+    card = (actor_hf / "README.md").read_text()  # filled, not peft's empty template
+    assert "1 steps of crl-gym training (arm none)" in card and "`crl train " in card
+    assert "More Information Needed" not in card
     assert all("lora_" in k for k in torch.load(checkpoint / "actor.pt")["model"])
     assert HFBackend(str(actor_hf)).name == f"hf:{actor_hf}"  # crl eval / crl demo load it
     exported = trainer.save_merged_actor(tmp_path / "export")

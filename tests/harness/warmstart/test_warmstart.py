@@ -437,6 +437,9 @@ def test_warmstart_writes_adapters_that_load_and_lower_the_loss(tiny, tmp_path):
     assert json.loads((out / "metrics.json").read_text())["episodes"] == 3
     config = json.loads((out / "actor" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(tiny)
+    card = (out / "actor" / "README.md").read_text()  # filled, not peft's empty template
+    assert "3 scripted-oracle episodes" in card and "- Made with: `crl warmstart " in card
+    assert "More Information Needed" not in card
     warm = HFBackend(out / "actor")
     base = HFBackend(tiny)
     changed = [name for name, p in warm.model.state_dict().items()
