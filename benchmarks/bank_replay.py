@@ -2,7 +2,7 @@
 its title names, without a model: which ones win, and which levels have none.
 
     .venv/bin/python benchmarks/bank_replay.py runs/demo      # RUN_DIR: config.json, bank.sqlite
-    .venv/bin/python benchmarks/bank_replay.py runs/demo --set experience.min_query_coverage=1
+    .venv/bin/python benchmarks/bank_replay.py runs/demo --set experience.min_query_coverage=0
 
 A route lesson ("Winning moves from KEY: from the start, play east, south.", as the warm start
 teaches the extractor to write it) is played move by move from the reset of each training level
@@ -137,7 +137,7 @@ def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) ->
     for entry in entries:
         bank.add(entry.env_id, entry.title, entry.content)
     manager = ExperienceManager(bank, config=ManagerConfig(
-        retrieval=RetrievalConfig.from_config(cfg.experience), seed=cfg.run.seed))
+        retrieval=RetrievalConfig.from_config(cfg.experience, cfg.exact_key_envs()), seed=cfg.run.seed))
     env = make_env(env_entry.id, manager, cfg.experience.k, **env_entry.kwargs)
     handed = []
     try:

@@ -5,7 +5,7 @@ first attempt's episodes were distilled into, against the same attempt without i
     .venv/bin/python benchmarks/test_time_check.py --levels 64 --actor hf:RUN/checkpoints/step-000008/actor_hf \
         --extractor hf:RUN/checkpoints/step-000008/extractor_hf
 
-On ``--levels`` unseen levels (``crl_harness.training.test_time.unseen_levels``: no training
+On ``--levels`` unseen levels (``crl_harness.training.unseen.unseen_levels``: no training
 pool, warm-start or held-out level), attempt 1: the actor (frozen) plays each level
 ``--attempts`` times at its training temperature and the extractor distils them into a fresh bank
 as training does (a level's shortest win; a level never won gets no lesson); attempt 2: one
@@ -44,7 +44,7 @@ def main() -> None:
     from crl_harness.config import ConfigError, load_config
     from crl_harness.eval import format_paired, format_rate
     from crl_harness.heldout import paired
-    from crl_harness.training.test_time import test_time_experience, unseen_levels
+    from crl_harness.training.unseen import test_time_experience, unseen_levels
 
     try:
         cfg = load_config(args.config, [*bf16_fallback(), *args.set])

@@ -168,7 +168,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     differences = {name: paired(before[name], after[name]) for name in before}
     test_time = None
     if test_time_levels and cfg.uses_experience:
-        from crl_harness.training.test_time import test_time_experience, unseen_levels
+        from crl_harness.training.unseen import test_time_experience, unseen_levels
 
         extractor = checkpoint / "extractor_hf"
         extractor_spec = f"hf:{extractor}" if extractor.exists() else \

@@ -7,7 +7,7 @@ import pytest
 
 from crl_harness.config import load_config
 from crl_harness.models.tiny import build_tiny_model
-from crl_harness.training import test_time  # the module: pytest would collect test_* names
+from crl_harness.training import unseen  # the module: pytest would collect test_* names
 
 
 def test_attempt_two_plays_every_unseen_level_with_and_without_the_first_attempts_bank(tmp_path):
@@ -16,8 +16,8 @@ def test_attempt_two_plays_every_unseen_level_with_and_without_the_first_attempt
                              "tasks.envs=[{id: CRL/Sokoban-v0, kwargs: {max_episode_steps: 2}}]",
                              "actor.max_new_tokens=8", "extractor.max_new_tokens=16",
                              "run.torch_threads=1"])
-    seeds = test_time.unseen_levels(3)
-    outcomes = test_time.test_time_experience(cfg, actor=f"hf:{tiny}", extractor=f"hf:{tiny}",
+    seeds = unseen.unseen_levels(3)
+    outcomes = unseen.test_time_experience(cfg, actor=f"hf:{tiny}", extractor=f"hf:{tiny}",
                                     seeds=seeds, out=tmp_path / "tt", attempts=2)
     assert set(outcomes) == {"guided", "free"}
     assert sorted(outcomes["guided"]) == sorted(outcomes["free"]) == seeds
@@ -29,5 +29,5 @@ def test_attempt_two_plays_every_unseen_level_with_and_without_the_first_attempt
 
 def test_hardening_test_time_needs_two_attempts(tmp_path):
     with pytest.raises(ValueError, match="attempts >= 2"):
-        test_time.test_time_experience(load_config(None), actor="hf:x", extractor="hf:x", seeds=[1],
+        unseen.test_time_experience(load_config(None), actor="hf:x", extractor="hf:x", seeds=[1],
                              out=tmp_path, attempts=1)
