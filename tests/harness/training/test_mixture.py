@@ -299,7 +299,7 @@ def test_demo_settings_reach_the_training_config(tmp_path, monkeypatch):
     from crl_harness.commands import demo
 
     seen = []
-    monkeypatch.setattr(demo, "train_and_evaluate", lambda cfg, levels, out: seen.append(cfg))
+    monkeypatch.setattr(demo, "train_and_evaluate", lambda cfg, levels, out, **_: seen.append(cfg))
     assert main(["demo", "--config", "mix3-cpu", "--episodes", "1", "--envs", SOKOBAN,
                  "--out", str(tmp_path / "demo"), "actor.rollout_engine=vllm",
                  "extractor.kv_cache_tokens=2048", "run.output_dir=elsewhere"]) == 0
