@@ -361,7 +361,8 @@ class PolicyLearner:
         if self.lora is not None:
             from peft import get_peft_model_state_dict
 
-            return get_peft_model_state_dict(self.model)
+            # no hub lookup of the base's vocabulary (never resized here): no network, no warning
+            return get_peft_model_state_dict(self.model, save_embedding_layers=False)
         return self.base_model.state_dict()
 
     def _masters_by_storage(self) -> dict[int, torch.Tensor]:
