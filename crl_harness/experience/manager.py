@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,6 +173,11 @@ class ExperienceManager(_ExtractorJobs, _Search):
         # writing it again, and how its own level's episodes ended with it.
         self._endorsers: dict[str, list[str]] = {}
         self._outcomes: dict[str, tuple[int, int]] = {}
+        # Each live entry's text as a repeat would write it (``same_text``), kept with the bank
+        # under the write lock, so an add finds the entry it repeats without reading the bank.
+        self._by_text: dict[tuple[str, str], str] = {}
+        self._text_of: dict[str, tuple[str, str]] = {}
+        self._index_texts(bank.entries())
         self._counters: dict[str, int] = dict.fromkeys(
             ("submitted", "distillations", "merges", "format_failures", "extractor_errors",
              "job_errors", "ops_applied", "retrievals", "retrieval_batches", "outcomes_reported",
@@ -262,8 +267,10 @@ class ExperienceManager(_ExtractorJobs, _Search):
     def is_own(self, env_id: str, query: str, entry: ExperienceEntry) -> bool:
         """Whether ``entry`` belongs to the level of ``query``: it holds every word of the key
         where ``env_id``'s key is exact; anywhere else every entry counts as the level's."""
-        if not self.config.retrieval.keyed(env_id) or entry.env_id != env_id:
-            return entry.env_id == env_id or not env_id
+        if env_id and entry.env_id != env_id:
+            return False
+        if not self.config.retrieval.keyed(env_id):
+            return True
         return query_coverage(tokenize(query), self._entry_tokens(entry)) >= 1.0
 
     def export_records(self) -> dict[str, Any]:
@@ -351,6 +358,10 @@ class ExperienceManager(_ExtractorJobs, _Search):
                 for gone in result.deleted + result.evicted:
                     self._endorsers.pop(gone, None)
                     self._outcomes.pop(gone, None)
+                    key = self._text_of.pop(gone, None)
+                    if key is not None and self._by_text.get(key) == gone:
+                        del self._by_text[key]
+            self._index_texts(e for e in result.added if e.id in self.bank)
         if endorsed:
             self._count("endorsements", len(endorsed))
         if result.envs:
@@ -364,10 +375,6 @@ class ExperienceManager(_ExtractorJobs, _Search):
         """``changes`` with each add that repeats a live entry (or an earlier add of the same
         changes) turned into an upvote of it; returns them and the (entry, generation) pairs
         endorsed. Called under the write lock."""
-        live: dict[tuple[str, str], str] = {}
-        for env_id in {c.env_id for c in changes if isinstance(c, AddEntry)}:
-            for entry in self.bank.entries(env_id):
-                live.setdefault((env_id, same_text(entry.title, entry.content)), entry.id)
         deleted = {i for c in changes if isinstance(c, DeleteEntries) for i in c.ids}
         out: list[BankChange] = []
         endorsed: list[tuple[str, str | None]] = []
@@ -375,7 +382,7 @@ class ExperienceManager(_ExtractorJobs, _Search):
         for change in changes:
             if isinstance(change, AddEntry):
                 key = (change.env_id, same_text(change.title, change.content))
-                target = live.get(key)
+                target = self._by_text.get(key)
                 if target is not None and target not in deleted:
                     out.append(VoteEntry(target, 1))
                     endorsed.append((target, change.generation_id))
@@ -385,6 +392,12 @@ class ExperienceManager(_ExtractorJobs, _Search):
                 seen.add(key)
             out.append(change)
         return out, endorsed
+
+    def _index_texts(self, entries: Iterable[ExperienceEntry]) -> None:
+        for entry in entries:
+            key = (entry.env_id, same_text(entry.title, entry.content))
+            self._by_text.setdefault(key, entry.id)
+            self._text_of[entry.id] = key
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued job is applied and indexed; False if ``timeout`` ran out."""

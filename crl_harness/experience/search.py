@@ -172,17 +172,18 @@ class _Search:
             else:
                 hits = index.search_tokens_many([q.tokens for q in queries], cfg.candidates)
             results = []
-            floor = cfg.floor(env_id)
+            floor, keyed = cfg.floor(env_id), cfg.keyed(env_id)
             with self._rw.read():
                 now = time.time()
                 for query, found in zip(queries, hits, strict=True):
-                    coverage = {i: query_coverage(query.tokens, self._entry_tokens(e))
-                                for i, e in ((i, self.bank.get(i)) for i, _ in found) if e}
-                    live = [(e, s) for e, s in ((self.bank.get(i), s) for i, s in found)
-                            if e and coverage[e.id] >= floor]
+                    live = [(e, s) for e, s in ((self.bank.get(i), s) for i, s in found) if e]
+                    if floor or keyed:  # the words of the query each entry holds
+                        coverage = {e.id: query_coverage(query.tokens, self._entry_tokens(e))
+                                    for e, _ in live}
+                        live = [(e, s) for e, s in live if coverage[e.id] >= floor]
                     # the level's own lessons (its exact key) rank by their record first
                     own = {e.id: self._record_of(e) for e, _ in live
-                           if cfg.keyed(env_id) and coverage[e.id] >= 1.0}
+                           if coverage[e.id] >= 1.0} if keyed else None
                     chosen = diversity_rerank(live, query.k, cfg, now, self._rng, own)
                     self.bank.record_retrievals([e.id for e in chosen], now)
                     results.append(chosen)

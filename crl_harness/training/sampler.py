@@ -75,6 +75,10 @@ class TaskSampler:
         self.new_per_step = tasks.new_levels_per_step()
         self._history: list[list[TaskDraw]] = []  # the revisit schedule's steps 1.. so far
         self._permutations: dict[int, np.ndarray] = {}
+        self._new_drawn: dict[int, int] = {}  # new levels drawn so far, per env
+        self._played: set[tuple[int, int]] = set()  # (env, seed) played so far
+        self._drawn_new: list[list[TaskDraw]] = []  # each step's new draws (a later walk of
+        # the pool draws a level again: still that step's new one, revisited the step after)
 
     def sample(self, step: int) -> list[TaskDraw]:
         if self.schedule == "revisit":
@@ -103,25 +107,26 @@ class TaskSampler:
 
     # ---------------------------------------------------------------- revisit
     def _revisit(self, step: int) -> list[TaskDraw]:
-        while len(self._history) < max(step, 0):
+        if step < 1:
+            raise ValueError(f"the revisit schedule's steps count from 1, got {step}.")
+        while len(self._history) < step:  # steps 1..step, in order, once each
             self._history.append(self._revisit_step(len(self._history) + 1))
-        return list(self._history[step - 1]) if step >= 1 else self._revisit_step(step)
+        return list(self._history[step - 1])
 
     def _revisit_step(self, step: int) -> list[TaskDraw]:
-        previous = self._history[step - 2] if step >= 2 else []
-        firsts = [d for d in previous if not d.revisit]
-        n_new = self.groups_per_step if not firsts else self.new_per_step
-        n_revisit = min(self.groups_per_step - n_new, len(firsts))
+        firsts = self._drawn_new[-1] if self._drawn_new else []  # the step before's new levels
+        n_revisit = min(self.groups_per_step - self.new_per_step, len(firsts))
         n_new = self.groups_per_step - n_revisit
         rng = np.random.default_rng([self.run_seed, step])
-        env_indices = rng.choice(len(self.envs), size=n_new, p=self.probabilities)
-        played = [d for past in self._history[:step - 1] for d in past]
         draws = []
-        for i, env in enumerate(env_indices.tolist()):
-            seed = self._next_new(env, sum(d.env_index == env and not d.revisit for d in played))
-            played.append(TaskDraw(env, self.envs[env].id, seed, "", revisit=False))
+        for i, env in enumerate(rng.choice(len(self.envs), size=n_new,
+                                           p=self.probabilities).tolist()):
+            seed = self._next_new(env, self._new_drawn.get(env, 0))
+            self._new_drawn[env] = self._new_drawn.get(env, 0) + 1
             draws.append(TaskDraw(env, self.envs[env].id, seed, f"s{step}-g{i}",
-                                  revisit=self._seen(env, seed, played[:-1])))
+                                  revisit=(env, seed) in self._played))
+            self._played.add((env, seed))
+        self._drawn_new.append(list(draws))
         for j, old in enumerate(firsts[:n_revisit]):
             draws.append(TaskDraw(old.env_index, old.env_id, old.seed,
                                   f"s{step}-g{n_new + j}", revisit=True))
@@ -143,6 +148,3 @@ class TaskSampler:
                 [self.run_seed, env, 7]).permutation(len(self.seeds))
         return self._permutations[env]
 
-    @staticmethod
-    def _seen(env: int, seed: int, played: Sequence[TaskDraw]) -> bool:
-        return any(d.env_index == env and d.seed == seed for d in played)

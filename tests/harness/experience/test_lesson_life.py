@@ -63,6 +63,21 @@ def test_revisit_schedule_plays_new_levels_without_replacement_then_revisits_the
     assert TaskSampler(tasks, run_seed=0).sample(5) == steps[4]  # a resumed run draws the same
 
 
+def test_revisit_schedule_walks_the_pool_again_once_it_is_spent():
+    """Past the pool's size the new levels start its permutation again (each level new once per
+    walk, then counted as a revisit), instead of drawing one level over and over."""
+    tasks = TaskConfig(envs=[EnvEntry(ENV)], groups_per_step=2, seeds=[7, 8, 9, 10],
+                       schedule="revisit", new_per_step=1)
+    sampler = TaskSampler(tasks, run_seed=0)
+    # step 1: two new levels; each later step: one new (its first group), one revisit
+    news = sampler.sample(1) + [sampler.sample(step)[0] for step in range(2, 12)]
+    first_walk, second_walk = [d.seed for d in news[:4]], [d.seed for d in news[4:8]]
+    assert sorted(first_walk) == sorted(second_walk) == [7, 8, 9, 10]
+    assert all(d.revisit for d in news[4:]) and not any(d.revisit for d in news[:4])
+    with pytest.raises(ValueError, match="count from 1"):
+        sampler.sample(0)
+
+
 def test_uniform_draws_are_distinct_within_a_step():
     """D1 for the uniform schedule: no level is played by two groups of one step."""
     tasks = TaskConfig(envs=[EnvEntry(ENV)], groups_per_step=4, seeds=[1, 2, 3, 4])
