@@ -181,31 +181,29 @@ def evaluate_levels(cfg: Any, actor: str,
     if not to_play:
         return outcomes
 
-    retriever = manager = None
+    manager = None
     if bank is not None and bank.exists() and any(b for _, b, _, _ in to_play.values()):
         from crl_harness.experience import (
             ExperienceBank,
             ExperienceManager,
             ManagerConfig,
-            RetrieveOnly,
         )
 
         # the run's retrieval (its floor at exact keys, its re-rank), as its rollouts retrieved
         manager = ExperienceManager(ExperienceBank(bank, read_only=True), config=ManagerConfig.from_config(
             cfg.experience, cfg.exact_key_envs(), seed=cfg.run.seed))
-        retriever = RetrieveOnly(manager)
     specs, case_of = [], []  # an episode's group id is its place here, so cases never mix
     for name, (seeds, with_bank, _, entry) in to_play.items():
         for seed in seeds:
             specs.append(EpisodeSpec(entry.id, seed, group_id=len(specs),
-                                     use_experience=with_bank and retriever is not None,
+                                     use_experience=with_bank and manager is not None,
                                      options=dict(entry.options) or None))
             case_of.append(name)
     backend = None
     try:
         if actor.startswith("hf:"):
             backend = load_actor(cfg, actor, dtype)
-        trajectories = evaluate(actor, specs, backend=backend, retriever=retriever,
+        trajectories = evaluate(actor, specs, backend=backend, retriever=manager,
                                 rollout=rollout)
     finally:
         if backend is not None:

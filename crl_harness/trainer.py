@@ -53,10 +53,12 @@ import torch
 from crl_harness.config import TrainConfig, config_to_dict, updated_lesson_steps
 from crl_harness.experience import (
     DistillationRequest,
+    EpisodeOutcome,
+    ExperienceOwner,
     GenerationReward,
-    credit_episodes,
     episodes_to_distill,
 )
+from crl_harness.experience.checkpoint import restore_bank
 from crl_harness.losses import cispo_loss, extractor_advantages, grpo_loss, sequence_token_weights
 from crl_harness.models import load_backend
 from crl_harness.models.engines import resolve_rollout_engines
@@ -70,7 +72,6 @@ from crl_harness.training.checkpoint import (
     save_merged_actor,
     write_checkpoint,
 )
-from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats
 from crl_harness.training.lesson_replay import LessonReplay
 from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
@@ -150,7 +151,7 @@ class Trainer:
                                                              learner_backend)
 
         # The extractor and the bank (not in the arm without experience).
-        self.experience: ExperienceService | None = None
+        self.experience: ExperienceOwner | None = None
         self.extractor: PolicyLearner | None = None
         if cfg.uses_experience:
             # co-evolve: the base, which the learner puts its adapters (lora.init_from) on;
@@ -220,7 +221,7 @@ class Trainer:
         # 1. Pending bank updates land before the rollout phase.
         t0 = time.perf_counter()
         if self.experience is not None:
-            self.experience.manager.flush()
+            self.experience.flush()
         times["flush"] = time.perf_counter() - t0
 
         # 2. Rollouts: G per task seed, the first guided_per_group of each group with experience
@@ -234,18 +235,18 @@ class Trainer:
         trajectories = [t for t in results if not t.error]
         times["rollout"] = time.perf_counter() - t0
         if self.experience is not None:  # the entries' writers and the asks' generations
-            credit_episodes(self.experience.manager, trajectories,
-                            relative=cfg.experience.credit == "relative")
+            self.experience.credit([EpisodeOutcome.of(t) for t in trajectories],
+                                   relative=cfg.experience.credit == "relative")
 
         # 3. The finished trajectories that teach go to the Experience Manager at once, at most
         #    one per guided slot of a group: those shown a lesson and the shortest win, free or
         #    guided (``episodes_to_distill``); their distillation runs in the background while
         #    the actor trains (the two tracks of docs/method.md).
         if self.experience is not None:
-            for t in episodes_to_distill(trajectories, cfg.tasks.guided_per_group):
-                self.experience.manager.submit(DistillationRequest(
-                    t.env_id, t.task, t.transcript, t.won, t.score, list(t.experience_ids),
-                    step, t.retrieval_key or t.task))
+            self.experience.submit([
+                DistillationRequest(t.env_id, t.task, t.transcript, t.won, t.score,
+                                    list(t.experience_ids), step, t.retrieval_key or t.task)
+                for t in episodes_to_distill(trajectories, cfg.tasks.guided_per_group)])
 
         # 4. Actor: GRPO with advantages inside each subgroup, frozen during its warm-up.
         t0 = time.perf_counter()
@@ -267,7 +268,7 @@ class Trainer:
         # 6. Merge pass over every partition of the bank.
         if self.experience is not None and cfg.experience.merge_every \
                 and step % cfg.experience.merge_every == 0:
-            self.counters["bank/merge_chunks"] += self.experience.manager.merge_pass()
+            self.counters["bank/merge_chunks"] += self.experience.merge_pass()
 
         # 7. New weights reach the rollout backend and the extractor's generator.
         t0 = time.perf_counter()
@@ -275,10 +276,9 @@ class Trainer:
                                     extractor_stats is not None and extractor_stats.rows > 0)
         times["sync"] = time.perf_counter() - t0
         self._check_logprob_gap(actor_stats, extractor_stats)
-        manager = self.experience.manager if self.experience is not None else None
         metrics = step_metrics(
             cfg, trajectories, actor_stats, extractor_stats, times,
-            experience_stats=manager.stats() if manager is not None else None,
+            experience_stats=self.experience.stats() if self.experience is not None else None,
             awaiting_training=self.awaiting_training, packed_fraction=packed_fraction,
             counters=self.counters,
             revisits={index for index, draw in enumerate(draws) if draw.revisit})
@@ -318,7 +318,7 @@ class Trainer:
     def _extractor_step(self) -> UpdateStats | None:
         """Train the extractor once ``train_after`` used generations wait, then release them."""
         assert self.experience is not None
-        waiting = self.experience.manager.generation_rewards()
+        waiting = self.experience.generation_rewards()
         if self.extractor is None:  # static arm: nothing trains on them, so none is kept
             self._release(waiting)
             return None
@@ -331,7 +331,7 @@ class Trainer:
 
     def _release(self, generations: list[GenerationReward]) -> None:
         assert self.experience is not None
-        self.experience.manager.release_generations([g.generation_id for g in generations])
+        self.experience.release_generations([g.generation_id for g in generations])
         self.counters["extractor/generations_rewarded"] += len(generations)
         self.awaiting_training = 0
 
@@ -381,7 +381,7 @@ class Trainer:
         ``experience.initial_bank``'s entries, else none (a fresh run's folder holds no bank)."""
         source = checkpoint or self.cfg.experience.initial_bank
         if source:
-            ExperienceService.restore_bank(self.run_dir, source, self.cfg.experience.capacity)
+            restore_bank(self.run_dir, source, self.cfg.experience.capacity)
 
     @staticmethod
     def _seed_everything(seed: int) -> None:

@@ -2,13 +2,13 @@
 
 Holds:
 - ``ExperienceItem``, ``Retriever``: the small protocol the wrapper depends on
-  (``retrieve(env_id, query, k)`` returning items with ``.id`` and ``.text``, and optionally
-  ``report_outcome(entry_ids, score)``). ``crl_harness.experience.ExperienceManager`` is one.
+  (``retrieve(env_id, query, k)`` returning items with ``.id`` and ``.text``).
+  ``crl_harness.experience.ExperienceManager`` is one.
 - ``retrieval_query``: the query of a reset (the env's key of the level, else the task text).
 - ``experience_block`` and ``with_experience``: the experience as the agent reads it, alone and
   after the instructions (one rendering: the wrapper's, and the harness's system prompts).
 - ``ExperienceAugmentation``: retrieves at reset and puts the experience where a harness places
-  it; reports the episode's outcome for the extractor's credit when the episode ends.
+  it, with the entry ids a harness credits (the wrapper reports no outcome itself).
 
 This module imports only gymnasium.
 """
@@ -58,9 +58,9 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
     ``header`` (``experience_block``, ``with_experience``); ``placement="info"`` leaves both
     alone, for a harness that places ``info["experience"]`` itself.
     ``reset(options={"use_experience": False})`` runs an experience-free episode (the GRPO
-    subgroup without experience). When an episode that used items ends (terminated or
-    truncated), ``retriever.report_outcome(ids, score)`` is called once, if the retriever has it;
-    the score is 1 for a win, else ``info["score"]``.
+    subgroup without experience). The wrapper reports no outcome: whoever plays the episode
+    credits the entries of ``info["experience_ids"]`` (the harness's trainer does, for a step's
+    episodes at once).
 
     The observation space is the env's: in the observation the block is cut to the room a
     ``Text`` space's ``max_length`` leaves, and kept as retrieved otherwise (the CRL envs' space
@@ -106,8 +106,6 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
         self.placement = placement
         self.header = header
         self.env_id = env_id
-        self._episode_ids: list[str] = []
-        self._reported = True
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -119,10 +117,8 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
             env_id = self.env_id or info.get("env_id") or self.env.spec.id
             items = self.retriever.retrieve(env_id, retrieval_query(observation, info), self.k)
         text = "\n".join(f"- {item.text}" for item in items)
-        self._episode_ids = [str(item.id) for item in items]
-        self._reported = not self._episode_ids
         info["experience"] = text
-        info["experience_ids"] = list(self._episode_ids)
+        info["experience_ids"] = [str(item.id) for item in items]
         info["experience_texts"] = [item.text for item in items]
         if text and self.placement == "observation":
             observation = _prepend_within(self.observation_space,
@@ -131,16 +127,6 @@ class ExperienceAugmentation(gym.Wrapper[str, str, str, str], gym.utils.RecordCo
             info["instructions"] = with_experience(info.get("instructions") or "", text,
                                                    self.header)
         return observation, info
-
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = self.env.step(action)
-        if (terminated or truncated) and not self._reported:
-            self._reported = True
-            report = getattr(self.retriever, "report_outcome", None)
-            if report is not None:
-                score = 1.0 if info.get("won") else float(info.get("score", 0.0))
-                report(list(self._episode_ids), score)
-        return observation, reward, terminated, truncated, info
 
 
 def retrieval_query(observation: str, info: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from crl_harness.eval.folder import LOCK, RESULTS, SETTINGS, TRANSCRIPTS
 from crl_harness.models.base import KV_CACHE_TOKENS
 
 if TYPE_CHECKING:
-    from crl_harness.experience import RetrieveOnly
+    from crl_wrappers.experience import Retriever
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -323,12 +323,11 @@ def run(args: argparse.Namespace) -> int:
 
     manager = retriever = None
     if args.experience:
-        from crl_harness.experience import ExperienceBank, ExperienceManager, RetrieveOnly
+        from crl_harness.experience import ExperienceBank, ExperienceManager
 
         # Read-only: evaluation leaves the bank as it was, and may run beside its trainer; it
-        # reports no outcome either (credit is left alone).
-        manager = ExperienceManager(ExperienceBank(args.experience, read_only=True))
-        retriever = RetrieveOnly(manager)
+        # reports no outcome either (credit is left alone: only a trainer credits).
+        manager = retriever = ExperienceManager(ExperienceBank(args.experience, read_only=True))
     if not args.resume:
         args.out = args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
@@ -353,7 +352,7 @@ def _remove_unused(folder: Path) -> None:
 
 def _evaluate_in_folder(args: argparse.Namespace, console: Any, env_ids: list[str],
                         seeds: list[int], env_kwargs: dict[str, Any],
-                        retriever: RetrieveOnly | None) -> int:
+                        retriever: Retriever | None) -> int:
     """``_evaluate`` while this process holds the lock of the ``--out`` folder (one eval at a
     time appends there)."""
     from crl_harness.eval.folder import lock_folder
@@ -373,7 +372,7 @@ def _evaluate_in_folder(args: argparse.Namespace, console: Any, env_ids: list[st
 
 def _evaluate(args: argparse.Namespace, console: Any, out: Path, env_ids: list[str],
               seeds: list[int], env_kwargs: dict[str, Any],
-              retriever: RetrieveOnly | None) -> int:
+              retriever: Retriever | None) -> int:
     """``crl eval``'s episodes, table, report and chart in the locked folder ``out``, once the
     arguments are checked."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

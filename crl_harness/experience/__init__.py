@@ -11,10 +11,12 @@ Manager and its asynchronous loop").
 - ``retrieval``: BM25 (bm25s) and dense indexes, the diversity re-rank, ``RetrievalConfig``.
 - ``operations``: the operation types and the strict parser of extractor answers.
 - ``prompts``: the extractor's prompt templates (``assets/prompts/experience_*.txt``).
-- ``client``: ``ExperienceClient``, what the harness calls (retrieve, ask, report outcomes),
-  and ``RetrieveOnly``, a retriever that reports nothing.
-- ``credit``: ``CreditLedger``, ``GenerationReward`` (the extractor's reward by use) and
-  ``credit_episodes`` (a step's episodes credited, in one place).
+- ``client``: the two faces, ``ExperienceClient`` (retrieve, ask: the rollouts') and
+  ``ExperienceOwner`` (the trainer's: flush, submit, merge, a step's credit, rewards, stats,
+  checkpoints, the weights lock).
+- ``credit``: ``CreditLedger``, ``GenerationReward`` (the extractor's reward by use),
+  ``EpisodeOutcome`` and ``credit_episodes`` (a step's episodes credited, in one place).
+- ``checkpoint``: a run's bank file, a checkpoint's bank and credit state, ``restore_bank``.
 - ``gate``: the actor-critic gate's verdicts (accept / refine / reject) and their critic scores.
 - ``ask``: search-and-ask, the actor's queries mid-episode and the extractor's answers.
 - ``locks``: ``ReadWriteLock`` (retrievals share, bank writes exclude).
@@ -26,9 +28,10 @@ Manager and its asynchronous loop").
 from crl_harness.experience.ask import AskAnswer, AskRecord, parse_ask
 from crl_harness.experience.bank import ExperienceBank
 from crl_harness.experience.bank_file import BankError
-from crl_harness.experience.client import ExperienceClient, RetrieveOnly
+from crl_harness.experience.client import ExperienceClient, ExperienceOwner
 from crl_harness.experience.credit import (
     CreditLedger,
+    EpisodeOutcome,
     GenerationReward,
     credit_episodes,
     entry_credit,
@@ -58,7 +61,8 @@ from crl_harness.experience.retrieval import RetrievalConfig, diversity_rerank, 
 
 __all__ = [
     "AddEntry", "ApplyResult", "BankError", "DeleteEntries", "ExperienceBank", "ExperienceEntry",
-    "VoteEntry", "ExperienceClient", "RetrieveOnly", "CreditLedger", "GenerationReward",
+    "VoteEntry", "ExperienceClient", "ExperienceOwner", "CreditLedger", "GenerationReward",
+    "EpisodeOutcome",
     "episode_credit", "gated_credit", "entry_credit", "free_baselines", "credit_episodes",
     "AskAnswer", "AskRecord", "parse_ask", "CRITIC_SCORES", "GateVerdict", "parse_verdict",
     "DistillationRequest", "ExperienceManager", "ManagerConfig", "ReadWriteLock",

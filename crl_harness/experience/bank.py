@@ -37,7 +37,7 @@ from crl_harness.experience.bank_file import (
     _check_is_bank,
     _read_only_uri,
     _row,
-    _writer_lock,
+    writer_lock,
 )
 from crl_harness.experience.bank_jsonl import read_jsonl, write_jsonl
 from crl_harness.experience.bank_sqlite import create_tables, read_entries, transaction
@@ -151,7 +151,7 @@ class ExperienceBank:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock_file = _writer_lock(path)
+            self._lock_file = writer_lock(path)
             # isolation_level=None: autocommit; every write opens its own BEGIN IMMEDIATE.
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
                                        timeout=_BUSY_TIMEOUT_S)

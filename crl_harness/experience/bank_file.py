@@ -8,7 +8,7 @@ Holds:
   foreign file is left untouched.
 - ``_read_only_uri``: the URI that opens a bank read-only (immutable where no ``-shm`` can be made).
 - ``_bank_error``: SQLite's and the OS's errors as ones that say what happened.
-- ``_writer_lock``: the lock file beside a bank that refuses a second writing process.
+- ``writer_lock``: the lock file beside a bank that refuses a second writing process.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from urllib.parse import quote
 from crl_envs.errors import UserFacingError
 from crl_harness.experience.entries import ExperienceEntry
 
-__all__ = ["BankError"]
+__all__ = ["BankError", "writer_lock"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -125,7 +125,7 @@ def _bank_error(path: Path, err: OSError | sqlite3.DatabaseError) -> Exception:
     return err
 
 
-def _writer_lock(path: Path):
+def writer_lock(path: Path):
     """An exclusive lock on ``PATH.lock``, held while this bank is open for writing: each writer
     mirrors the bank in memory, so a second one would evict, vote and delete blind."""
     lock_path = Path(f"{path}.lock")

@@ -1,42 +1,42 @@
-"""The experience as its users call it: the rollout engine, the experience wrapper, the trainer.
+"""The experience's two faces: what the rollouts call, and what the trainer that owns it calls.
 
 Holds:
-- ``ExperienceClient``: retrieve, ask, report outcomes. ``ExperienceManager`` implements it in
-  one process, ``crl_harness.training.ray_backend.RemoteManager`` over Ray; its ``retrieve`` is
-  the wrapper's ``Retriever`` (``crl_wrappers.experience``), which is all a wrapper needs.
-- ``RetrieveOnly``: a retriever's ``retrieve`` alone, for the wrappers that must not report
-  outcomes: the rollout engine's (the trainer credits a step's episodes at once,
-  ``credit.credit_episodes``, knowing their groups, gate verdicts and asks) and evaluation's
-  (which leaves credit alone).
+- ``ExperienceClient``: retrieve and ask. ``ExperienceManager`` implements it in one process,
+  ``crl_harness.training.ray_backend.RemoteManager`` over Ray; its ``retrieve`` is the wrapper's
+  ``Retriever`` (``crl_wrappers.experience``), which is all a wrapper needs.
+- ``ExperienceOwner``: the trainer's side (flush, submit, merge pass, a step's credit in one call,
+  the extractor's rewards and their release, stats, checkpoints, the weights lock, close).
+  ``crl_harness.training.experience_service.ExperienceService`` implements it in one process,
+  ``crl_harness.training.ray_backend.RemoteExperience`` over Ray.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
 
 from crl_harness.experience.ask import AskAnswer
+from crl_harness.experience.credit import EpisodeOutcome, GenerationReward
+from crl_harness.experience.distill import DistillationRequest
 from crl_wrappers.experience import ExperienceItem, Retriever
 
-__all__ = ["ExperienceClient", "RetrieveOnly"]
+__all__ = ["ExperienceClient", "ExperienceOwner"]
 
 
 @runtime_checkable
 class ExperienceClient(Retriever, Protocol):
-    """What the harness calls on the experience side, wherever the bank lives.
-
-    ``retrieve`` serves a reset (``ExperienceAugmentation``), ``ask`` an actor's query
-    mid-episode (search-and-ask); ``report_outcome`` credits the writers of the entries a
-    finished episode was shown (``credit.entry_credit``), ``report_ask_outcome`` the generations
-    that answered its asks.
+    """What the rollouts call on the experience side, wherever the bank lives: ``retrieve``
+    serves a reset (``ExperienceAugmentation``), ``ask`` an actor's query mid-episode
+    (search-and-ask). Crediting is the owner's (``ExperienceOwner.credit``).
 
     Example:
         >>> from crl_harness.experience import ExperienceBank, ExperienceManager
         >>> bank = ExperienceBank(":memory:")
         >>> with ExperienceManager(bank) as manager:
-        ...     view = RetrieveOnly(manager)
-        ...     isinstance(manager, ExperienceClient), isinstance(view, ExperienceClient)
-        (True, False)
+        ...     isinstance(manager, ExperienceClient)
+        True
         >>> bank.close()
     """
 
@@ -48,36 +48,58 @@ class ExperienceClient(Retriever, Protocol):
         """The extractor's answer to ``query``, from the ``k`` entries retrieved for it."""
         ...
 
-    def report_outcome(self, entry_ids: Sequence[str], score: float,
-                       critic: float | None = None, baseline: float | None = None,
-                       env_id: str = "", query: str = "") -> None:
-        """An episode of ``env_id`` that retrieved with ``query`` and was shown ``entry_ids``
-        ended with ``score`` (``critic``: the gate's score of them; ``baseline``: its group's
-        free mean, for relative credit); an entry of another level's key credits nobody."""
+
+class ExperienceOwner(Protocol):
+    """The experience side as the trainer holds it: the bank, the extractor's generation and
+    the manager over them, each call one round trip wherever they run."""
+
+    @property
+    def client(self) -> ExperienceClient:
+        """What the rollouts of the trainer's process retrieve and ask through."""
         ...
 
-    def report_ask_outcome(self, generation_ids: Sequence[str], score: float) -> None:
-        """The episode whose asks ``generation_ids`` answered ended with ``score``."""
+    @property
+    def weights_lock(self) -> AbstractContextManager[Any]:
+        """Held by the extractor's generation; an update of its weights takes it too."""
         ...
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued job is applied and indexed; False if ``timeout`` ran out."""
+        ...
 
-class RetrieveOnly:
-    """``retriever``'s ``retrieve`` and nothing else: an ``ExperienceAugmentation`` over it
-    reports no outcome, whatever ``retriever`` could.
+    def submit(self, requests: Sequence[DistillationRequest]) -> None:
+        """Queue finished episodes for distillation (returns at once)."""
+        ...
 
-    Example:
-        >>> class Tips:
-        ...     def retrieve(self, env_id, query, k):
-        ...         return ["tip"][:k]
-        ...     def report_outcome(self, entry_ids, score):
-        ...         raise AssertionError("not through a RetrieveOnly")
-        >>> view = RetrieveOnly(Tips())
-        >>> view.retrieve("CRL/Sokoban-v0", "push", 1), hasattr(view, "report_outcome")
-        (['tip'], False)
-    """
+    def merge_pass(self) -> int:
+        """Queue a merge pass over every partition; returns the number of chunks queued."""
+        ...
 
-    def __init__(self, retriever: Retriever) -> None:
-        self.retriever = retriever
+    def credit(self, outcomes: Sequence[EpisodeOutcome], relative: bool = False) -> None:
+        """Credit a step's finished episodes (``credit.credit_episodes``)."""
+        ...
 
-    def retrieve(self, env_id: str, query: str, k: int = 1) -> Sequence[ExperienceItem]:
-        return self.retriever.retrieve(env_id, query, k)
+    def generation_rewards(self, min_uses: int = 1) -> list[GenerationReward]:
+        """Extractor generations ready for training, with their rewards so far."""
+        ...
+
+    def release_generations(self, generation_ids: Sequence[str]) -> int:
+        """Forget generations that were trained on; returns how many were awaiting training."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the manager and the bank."""
+        ...
+
+    def export_state(self, directory: str | os.PathLike) -> int:
+        """Flush, then write the bank and the credit state into a checkpoint's ``directory``;
+        returns the number of entries."""
+        ...
+
+    def import_ledger(self, directory: str | os.PathLike) -> None:
+        """The credit state of a checkpoint (``export_state``'s), if it has any."""
+        ...
+
+    def close(self) -> None:
+        """Stop the manager's threads and close the bank."""
+        ...

@@ -1,8 +1,9 @@
 """Credit for the extractor: which extractor generations wrote experience that was used, and how
 the episodes that used it ended.
 
-Holds ``GenerationReward`` (what the trainer reads), ``CreditLedger`` and ``credit_episodes``
-(the one place a step's finished episodes are credited, by the trainer). A generation's reward is
+Holds ``GenerationReward`` (what the trainer reads), ``CreditLedger``, ``EpisodeOutcome`` (what
+crediting needs of a finished episode) and ``credit_episodes`` (the one place a step's finished
+episodes are credited, by the experience service the trainer hands them to in one call). A generation's reward is
 the mean, over the episodes that retrieved entries it wrote, of the credit each gave
 (``entry_credit``): the paper's is the episode's score, with a score of 0 counted as -1
 (docs/method.md, "The extractor: CISPO on credit by use"); the relative one
@@ -20,12 +21,10 @@ import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from crl_harness.experience.client import ExperienceClient
+from typing import Any, Literal, Protocol
 
 __all__ = ["GenerationReward", "CreditLedger", "episode_credit", "gated_credit", "entry_credit",
-           "free_baselines", "credit_episodes", "Kind"]
+           "free_baselines", "EpisodeOutcome", "OutcomeSink", "credit_episodes", "Kind"]
 
 Kind = Literal["distill", "merge", "ask"]
 
@@ -82,53 +81,89 @@ def free_baselines(episodes: Iterable[tuple[Hashable, bool, float]]) -> dict[Has
             if len(set(scores)) > 1}
 
 
-def credit_episodes(client: ExperienceClient, episodes: Sequence[Any],
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """What crediting needs of one finished episode, as plain data (a step's outcomes cross to
+    the experience service in one call, wherever it runs)."""
+
+    env_id: str
+    query: str
+    """what the episode retrieved with (its level's key, else its task)"""
+    group_id: int
+    guided: bool
+    """played with experience (the group's guided subgroup)"""
+    score: float
+    """the outcome score: 1 for a win, else the env's (``Trajectory.outcome_score``)"""
+    entry_ids: tuple[str, ...] = ()
+    """the bank entries the episode was shown"""
+    critic: float | None = None
+    """the actor-critic gate's score of those entries, where the gate judged them"""
+    ask_generations: tuple[str, ...] = ()
+    """the extractor generations that answered the episode's asks"""
+
+    @classmethod
+    def of(cls, episode: Any) -> EpisodeOutcome:
+        """The outcome of ``episode``, a ``crl_harness.rollout.Trajectory``."""
+        return cls(episode.env_id, episode.retrieval_key or episode.task, episode.group_id,
+                   episode.use_experience, episode.outcome_score, tuple(episode.experience_ids),
+                   episode.gate.critic if episode.gate is not None else None,
+                   tuple(a.generation_id for a in episode.asks if a.generation_id is not None))
+
+
+class OutcomeSink(Protocol):
+    """What ``credit_episodes`` reports to (``ExperienceManager``)."""
+
+    def report_outcome(self, entry_ids: Sequence[str], score: float,
+                       critic: float | None = None, baseline: float | None = None,
+                       env_id: str = "", query: str = "") -> None:
+        """An episode of ``env_id`` that retrieved with ``query`` and was shown ``entry_ids``
+        ended with ``score`` (``critic``: the gate's score of them; ``baseline``: its group's
+        free mean, for relative credit)."""
+        ...
+
+    def report_ask_outcome(self, generation_ids: Sequence[str], score: float) -> None:
+        """The episode whose asks ``generation_ids`` answered ended with ``score``."""
+        ...
+
+
+def credit_episodes(sink: OutcomeSink, outcomes: Sequence[EpisodeOutcome],
                     relative: bool = False) -> None:
-    """Report a step's finished episodes to ``client``: each one shown entries credits their
+    """Report a step's finished episodes to ``sink``: each one shown entries credits their
     writers and endorsers (``report_outcome`` with the episode's env and key, so that another
     level's entry credits nobody; by the gate's critic score when the gate judged them; with
     ``relative``, ``experience.credit: relative``, only guided episodes, relative to their
     group's free baseline where it has one, ``free_baselines``, else by their own outcome), and
-    the generations that answered its asks get its score (``report_ask_outcome``). An episode's
-    score is 1 for a win, else the env's.
+    the generations that answered its asks get its score (``report_ask_outcome``).
 
-    ``episodes``: ``crl_harness.rollout.Trajectory`` objects, without those an error ended (they
-    are no sample of the policy).
+    ``outcomes``: those of the step's trajectories, without those an error ended (they are no
+    sample of the policy).
 
-    >>> from types import SimpleNamespace as Episode
-    >>> class Client:
+    >>> class Sink:
     ...     def report_outcome(self, entry_ids, score, critic=None, baseline=None, env_id="",
     ...                        query=""):
     ...         print("entries", entry_ids, score, critic, baseline, query)
     ...     def report_ask_outcome(self, generation_ids, score):
     ...         print("asks", generation_ids, score)
     >>> def episode(guided, won, ids=()):
-    ...     return Episode(group_id=0, use_experience=guided, won=won, score=float(won),
-    ...                    experience_ids=list(ids), gate=None, asks=[], env_id="E",
-    ...                    retrieval_key="x=1, y=2", task="")
+    ...     return EpisodeOutcome("E", "x=1, y=2", 0, guided, float(won), tuple(ids))
     >>> guided = episode(True, True, ["e1"])
-    >>> credit_episodes(Client(), [guided, episode(False, False), episode(False, True)])
+    >>> credit_episodes(Sink(), [guided, episode(False, False), episode(False, True)])
     entries ['e1'] 1.0 None None x=1, y=2
-    >>> credit_episodes(Client(), [guided, episode(False, False), episode(False, True)],
+    >>> credit_episodes(Sink(), [guided, episode(False, False), episode(False, True)],
     ...                 relative=True)
     entries ['e1'] 1.0 None 0.5 x=1, y=2
-    >>> credit_episodes(Client(), [guided, episode(False, True), episode(False, True)],
+    >>> credit_episodes(Sink(), [guided, episode(False, True), episode(False, True)],
     ...                 relative=True)  # the free half all won: the guided outcome alone
     entries ['e1'] 1.0 None None x=1, y=2
     """
-    scores = [1.0 if t.won else t.score for t in episodes]
-    baselines = free_baselines((t.group_id, t.use_experience, score)
-                               for t, score in zip(episodes, scores, strict=True)) \
+    baselines = free_baselines((o.group_id, o.guided, o.score) for o in outcomes) \
         if relative else {}
-    for t, score in zip(episodes, scores, strict=True):
-        if t.experience_ids and (not relative or t.use_experience):
-            client.report_outcome(list(t.experience_ids), score,
-                                  t.gate.critic if t.gate is not None else None,
-                                  baselines.get(t.group_id), t.env_id,
-                                  t.retrieval_key or t.task)
-        answered = [a.generation_id for a in t.asks if a.generation_id is not None]
-        if answered:
-            client.report_ask_outcome(answered, score)
+    for o in outcomes:
+        if o.entry_ids and (not relative or o.guided):
+            sink.report_outcome(list(o.entry_ids), o.score, o.critic,
+                                baselines.get(o.group_id), o.env_id, o.query)
+        if o.ask_generations:
+            sink.report_ask_outcome(list(o.ask_generations), o.score)
 
 
 @dataclass

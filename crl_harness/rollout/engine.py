@@ -19,8 +19,7 @@ that are trained like the others:
   the next observation, and the env does not move.
 The engine reports no outcome: a trajectory keeps what credit needs (the entries shown, the
 gate's verdict, the asks' generations), and the trainer credits a step's episodes at once
-(``crl_harness.experience.credit_episodes``); the experience wrappers it builds get a
-retrieve-only view of the retriever (``RetrieveOnly``), so that they report nothing either.
+(``crl_harness.experience.credit_episodes``); the experience wrappers it builds only retrieve.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from crl_harness.experience.ask import (
     refused_observation,
     tool_instructions,
 )
-from crl_harness.experience.client import ExperienceClient, RetrieveOnly
+from crl_harness.experience.client import ExperienceClient
 from crl_harness.experience.entries import clean_text
 from crl_harness.experience.gate import gate_messages, parse_verdict
 from crl_harness.models.base import STOP, Generation, ModelBackend
@@ -336,8 +335,7 @@ class RolloutEngine:
         if free:
             return free.pop()
         cfg = self.config
-        retriever = RetrieveOnly(self.retriever) if self.retriever is not None else None
-        return make_env(env_id, retriever, cfg.experience_k, **cfg.env_kwargs.get(env_id, {}))
+        return make_env(env_id, self.retriever, cfg.experience_k, **cfg.env_kwargs.get(env_id, {}))
 
     @staticmethod
     def _guard(func: Callable[[Any], None]) -> Callable[[Any], str]:

@@ -158,6 +158,15 @@ class Trajectory:
                    guided=spec.guided, **fields)
 
     @property
+    def outcome_score(self) -> float:
+        """The episode's score as credit and metrics count it: 1 for a win, else the env's.
+
+        >>> Trajectory("CRL/WebShop-v0", 0, won=True, score=0.5).outcome_score
+        1.0
+        """
+        return 1.0 if self.won else float(self.score)
+
+    @property
     def generated_tokens(self) -> int:
         gate = self.gate.turn.generated_tokens if self.gate is not None else 0
         return gate + sum(t.generated_tokens for t in self.turns)

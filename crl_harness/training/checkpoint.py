@@ -34,6 +34,7 @@ from crl_harness.training.run_directory import ResumeError
 
 if TYPE_CHECKING:
     from crl_harness.config import TrainConfig
+    from crl_harness.experience import ExperienceOwner
     from crl_harness.training.learner import PolicyLearner
 
 __all__ = ["Checkpointer", "checkpoint_run_id", "rng_state", "set_rng_state", "RunState",
@@ -170,7 +171,7 @@ class RunState:
 
 def write_checkpoint(directory: Path, state: RunState, *, cfg: TrainConfig,
                      actor: PolicyLearner, tokenizer: Any, extractor: PolicyLearner | None,
-                     experience: Any) -> None:
+                     experience: ExperienceOwner | None) -> None:
     """Write models, optimisers, bank, extractor buffer, RNG states and step into
     ``directory`` (``Checkpointer.save``'s ``write``)."""
     torch.save({"model": actor.trainable_state_dict(), **actor.optimizer_state()},
@@ -252,7 +253,7 @@ def checkpoint_to_resume(checkpoints: Checkpointer, arm: str) -> Path:
 
 
 def load_checkpoint(checkpoint: Path, *, actor: PolicyLearner, extractor: PolicyLearner | None,
-                    experience: Any) -> RunState:
+                    experience: ExperienceOwner | None) -> RunState:
     """Load ``write_checkpoint``'s models, optimisers, ledger and RNG states back into the
     given parts; returns the trainer's ``RunState``."""
     state = json.loads((checkpoint / "state.json").read_text())

@@ -1,103 +1,43 @@
-"""The experience side of a training run, built and checkpointed: the bank, the extractor's
-batched generation and the Experience Manager over them.
+"""The experience side of a training run, built: the bank, the extractor's batched generation and
+the Experience Manager over them.
 
-Holds ``BatchedGenerator`` (the extractor callable the manager calls from several threads; the
-calls are gathered into one batched ``generate``) and ``ExperienceService``, which builds the
-three, exports and restores them, and closes them; its ``manager`` is what the trainer and the
-rollouts call (an ``ExperienceClient``). The same class runs in the trainer's process or as a
-Ray actor (``crl_harness.training.ray_backend``): every public method takes and returns plain,
-picklable data.
+Holds ``ExperienceService``, the trainer's ``ExperienceOwner`` in one process; its ``client``
+(the manager) is what the rollouts call. The same class runs as a Ray actor
+(``crl_harness.training.ray_backend``): every public method takes and returns plain, picklable
+data.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
-import queue
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from crl_harness.config import ExperienceConfig
-from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
-from crl_harness.experience.bank_file import _writer_lock
-from crl_harness.models.base import KV_CACHE_TOKENS, Generation, ModelBackend
+from crl_harness.experience import (
+    AskAnswer,
+    DistillationRequest,
+    EpisodeOutcome,
+    ExperienceBank,
+    ExperienceClient,
+    ExperienceEntry,
+    ExperienceManager,
+    GenerationReward,
+    ManagerConfig,
+    credit_episodes,
+)
+from crl_harness.experience.checkpoint import BANK_FILE, export_experience, import_credit
+from crl_harness.models.base import KV_CACHE_TOKENS, ModelBackend
+from crl_harness.models.batched import BatchedGenerator
 
-__all__ = ["BatchedGenerator", "ExperienceService"]
-
-BANK_FILE = "bank.sqlite"
-BANK_EXPORT = "bank.jsonl"
-LEDGER_FILE = "credit_ledger.pkl"
-
-
-def _remove_bank_files(path: Path) -> None:
-    """A bank file with its WAL, shared memory and lock files."""
-    for suffix in ("", "-wal", "-shm", ".lock"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-
-
-class BatchedGenerator:
-    """``prompt -> Generation`` for the Experience Manager's extractor threads.
-
-    Prompts that arrive together are answered by one batched ``generate`` call. ``weights_lock``
-    is held while generating, so an optimiser step taken under it never lands mid-generation.
-    """
-
-    def __init__(self, backend: ModelBackend, *, max_new_tokens: int, temperature: float,
-                 top_p: float, max_batch: int = 8) -> None:
-        self.backend = backend
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p = top_p
-        self.max_batch = max_batch
-        self.weights_lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="extractor-generate")
-        self._thread.start()
-
-    def __call__(self, prompt: str) -> Generation:
-        future: Future = Future()
-        self._queue.put((prompt, future))
-        return future.result()
-
-    def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            try:  # the manager's threads submit within milliseconds of each other
-                while len(batch) < self.max_batch:
-                    item = self._queue.get(timeout=0.05)
-                    if item is None:
-                        self._queue.put(None)
-                        break
-                    batch.append(item)
-            except queue.Empty:
-                pass
-            try:
-                with self.weights_lock:
-                    generations = self.backend.generate(
-                        [[{"role": "user", "content": prompt}] for prompt, _ in batch],
-                        max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                        top_p=self.top_p)
-                for (_, future), generation in zip(batch, generations, strict=True):
-                    future.set_result(generation)
-            except BaseException as err:  # the callers get the error instead of waiting forever
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(err)
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
+__all__ = ["ExperienceService"]
 
 
 class ExperienceService:
     """The bank (``run_dir/bank.sqlite``), the extractor's generator and the ``manager`` over
-    them (retrieval, distillation, credit: call it directly).
+    them: the trainer's ``ExperienceOwner``; ``client`` (the manager) serves the rollouts.
 
     ``extractor`` is a backend object (in one process: the very model the extractor learner
     trains) or a backend spec (a Ray actor builds its own copy, in ``dtype`` with
@@ -144,64 +84,48 @@ class ExperienceService:
             else:
                 self.backend.load_weights(state)
 
+    @property
+    def client(self) -> ExperienceClient:
+        return self.manager
+
+    # ------------------------------------------------------------ the trainer's step
+    def flush(self, timeout: float | None = None) -> bool:
+        return self.manager.flush(timeout)
+
+    def submit(self, requests: Sequence[DistillationRequest]) -> None:
+        for request in requests:
+            self.manager.submit(request)
+
+    def merge_pass(self) -> int:
+        return self.manager.merge_pass()
+
+    def credit(self, outcomes: Sequence[EpisodeOutcome], relative: bool = False) -> None:
+        credit_episodes(self.manager, outcomes, relative)
+
+    def generation_rewards(self, min_uses: int = 1) -> list[GenerationReward]:
+        return self.manager.generation_rewards(min_uses)
+
+    def release_generations(self, generation_ids: Sequence[str]) -> int:
+        return self.manager.release_generations(generation_ids)
+
+    def stats(self) -> dict[str, Any]:
+        return self.manager.stats()
+
+    # ------------------------------------------------------------ the rollouts' (Ray workers)
+    def retrieve(self, env_id: str, query: str, k: int = 1) -> list[ExperienceEntry]:
+        return self.manager.retrieve(env_id, query, k)
+
+    def ask(self, env_id: str, query: str, k: int = 1) -> AskAnswer:
+        return self.manager.ask(env_id, query, k)
+
     # ------------------------------------------------------------ checkpoints
     def export_state(self, directory: str | os.PathLike) -> int:
-        """Flush, then write the bank (JSONL) and the generations awaiting credit to
-        ``directory``; returns the number of entries."""
-        directory = Path(directory)
-        self.manager.flush()
-        n = self.bank.export_jsonl(directory / BANK_EXPORT)
-        with open(directory / LEDGER_FILE, "wb") as handle:
-            pickle.dump({"ledger": self.manager.ledger.export(),
-                         "records": self.manager.export_records()}, handle)
-        return n
+        return export_experience(self.manager, directory)
 
     def import_ledger(self, directory: str | os.PathLike) -> None:
-        """The generations awaiting credit of a checkpoint (``export_state``'s), if it has any."""
-        path = Path(directory) / LEDGER_FILE
-        if path.exists():
-            with open(path, "rb") as handle:
-                saved = pickle.load(handle)
-            if isinstance(saved, dict):  # the ledger and the entries' records
-                self.manager.ledger.load(saved["ledger"])
-                self.manager.load_records(saved["records"])
-            else:  # a checkpoint from before the records were kept: the ledger alone
-                self.manager.ledger.load(saved)
-
-    @staticmethod
-    def restore_bank(run_dir: str | os.PathLike, source: str | os.PathLike,
-                     capacity: int | None = None) -> None:
-        """Replace ``run_dir``'s bank by the entries of ``source`` (a checkpoint folder, whose
-        ``bank.jsonl`` is read, or such a file), before the service opens it: on ``--resume``,
-        what the extractor wrote after the checkpoint is undone, as the steps are re-run.
-
-        The new bank is built beside the old one and renamed over it only once complete, under
-        the old bank's writer lock: a bank open in a live run refuses (``BankError``) and a
-        failure (e.g. ``capacity``, the run's ``experience.capacity``, smaller than the export:
-        a resume never drops what a checkpoint saved) leaves the old bank as it was."""
-        run_dir, source = Path(run_dir), Path(source)
-        export = source / BANK_EXPORT if source.is_dir() else source
-        bank_path = run_dir / BANK_FILE
-        staged = run_dir / f".{BANK_FILE}.restoring"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with _writer_lock(bank_path):
-            _remove_bank_files(staged)
-            try:
-                bank = ExperienceBank(staged, capacity=capacity)
-                try:
-                    if export.exists():
-                        bank.import_jsonl(export, evict=False)
-                finally:
-                    bank.close()
-                # the old bank's WAL would be replayed into the new file: it goes first
-                for suffix in ("-wal", "-shm"):
-                    Path(f"{bank_path}{suffix}").unlink(missing_ok=True)
-                os.replace(staged, bank_path)
-            finally:
-                _remove_bank_files(staged)
+        import_credit(self.manager, directory)
 
     def close(self) -> None:
         self.manager.close()
         self.generator.close()
         self.bank.close()
-

@@ -1,7 +1,8 @@
 """Where a training run's parts run: the trainer is handed a ``Placement`` and builds its rollouts,
 its experience service and what its learners sample with through it.
 
-Holds ``Placement`` (what the trainer asks of one), ``LocalPlacement`` (everything in the
+Holds ``Placement`` (what the trainer asks of one), ``Rollouts`` (what plays a step's episodes),
+``LocalPlacement`` (everything in the
 trainer's process, the default) and ``experience_options`` (the extractor's generation settings
 of a run, which every placement gives its experience service). ``RayPlacement``
 (``run.backend: ray``) is in ``ray_backend``; the command chooses
@@ -15,13 +16,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from crl_harness.config import TrainConfig
+from crl_harness.experience import ExperienceOwner
 from crl_harness.models.base import ModelBackend
-from crl_harness.rollout import RolloutConfig, RolloutEngine
+from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.learner import PolicyLearner
 from crl_harness.training.vllm_sync import SyncedVLLM
 
-__all__ = ["Placement", "LocalPlacement", "experience_options"]
+__all__ = ["Placement", "Rollouts", "LocalPlacement", "experience_options"]
 
 
 def experience_options(cfg: TrainConfig) -> dict[str, Any]:
@@ -31,6 +33,18 @@ def experience_options(cfg: TrainConfig) -> dict[str, Any]:
     return dict(max_new_tokens=x.max_new_tokens, temperature=x.temperature, top_p=x.top_p,
                 seed=cfg.run.seed, format_failure_reward=x.format_penalty,
                 exact_key_envs=cfg.exact_key_envs())
+
+
+class Rollouts(Protocol):
+    """What plays a step's episodes, wherever it runs."""
+
+    def run(self, specs: list[EpisodeSpec]) -> list[Trajectory]:
+        """The trajectories of ``specs``, in their order."""
+        ...
+
+    def close(self) -> None:
+        """Free the envs and workers."""
+        ...
 
 
 class Placement(Protocol):
@@ -47,14 +61,16 @@ class Placement(Protocol):
         ...
 
     def experience(self, cfg: TrainConfig, run_dir: Path, extractor_backend: ModelBackend,
-                   extractor_spec: str, extractor: PolicyLearner | None) -> Any:
+                   extractor_spec: str, extractor: PolicyLearner | None) -> ExperienceOwner:
         """The experience service over ``run_dir``'s bank (already restored), generating with
         ``extractor_backend`` (or a copy of ``extractor_spec``'s model); ``extractor``: its
         learner, when the arm trains it."""
         ...
 
-    def rollouts(self, cfg: TrainConfig, actor_backend: ModelBackend, experience: Any) -> Any:
-        """What plays a step's episodes: ``run(specs) -> trajectories`` and ``close()``."""
+    def rollouts(self, cfg: TrainConfig, actor_backend: ModelBackend,
+                 experience: ExperienceOwner | None) -> Rollouts:
+        """What plays a step's episodes, retrieving and asking through ``experience``'s
+        client (arms with experience)."""
         ...
 
     def push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:
@@ -74,7 +90,7 @@ class LocalPlacement:
 
     def __init__(self) -> None:
         self.engines: dict[str, SyncedVLLM] = {}
-        self._experience: Any = None
+        self._experience: ExperienceService | None = None
 
     def sampling_backend(self, cfg: TrainConfig, role: str, learner: PolicyLearner,
                          learner_backend: ModelBackend) -> ModelBackend:
@@ -93,15 +109,15 @@ class LocalPlacement:
         return self._experience
 
     def rollouts(self, cfg: TrainConfig, actor_backend: ModelBackend,
-                 experience: Any) -> RolloutEngine:
+                 experience: ExperienceOwner | None) -> RolloutEngine:
         return RolloutEngine(actor_backend,
-                             retriever=experience.manager if experience is not None else None,
+                             retriever=experience.client if experience is not None else None,
                              config=RolloutConfig.from_config(cfg))
 
     def push_weights(self, actor_updated: bool, extractor_updated: bool) -> None:
         if actor_updated and "actor" in self.engines:
             self.engines["actor"].sync()
-        if extractor_updated and "extractor" in self.engines:
+        if extractor_updated and "extractor" in self.engines and self._experience is not None:
             with self._experience.weights_lock:  # no distillation sees half an update
                 self.engines["extractor"].sync()
 

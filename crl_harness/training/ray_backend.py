@@ -3,7 +3,9 @@
 Holds ``RayPlacement`` (the ``Placement`` that puts the trainer's rollouts and its experience
 service into Ray actors; the learners stay in the driver and push their new weights after each
 update), ``RayRollouts``, ``RolloutWorker``, ``RemoteManager`` (the Experience Manager inside the
-service actor, an ``ExperienceClient`` for the rollout workers and the trainer) and ``start_ray``.
+service actor, the rollout workers' ``ExperienceClient``), ``RemoteExperience`` (the service
+actor, the trainer's ``ExperienceOwner``) and ``start_ray``. Both proxies are written method by
+method: the actor's remote methods are ``ExperienceService``'s own.
 
 Every actor asks for whole CPUs (``num_cpus=1``), never fractions; Ray runs with its own
 temporary directory and without its dashboard.
@@ -12,7 +14,6 @@ temporary directory and without its dashboard.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 import tempfile
@@ -21,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from crl_harness.config import LoRAConfig, TrainConfig
-from crl_harness.experience import AskAnswer
+from crl_harness.experience import (
+    AskAnswer,
+    DistillationRequest,
+    EpisodeOutcome,
+    ExperienceOwner,
+    GenerationReward,
+)
 from crl_harness.models.base import ModelBackend
 from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from crl_harness.training.experience_service import ExperienceService
@@ -29,7 +36,8 @@ from crl_harness.training.learner import PolicyLearner
 from crl_harness.training.placement import experience_options
 from crl_wrappers.experience import ExperienceItem
 
-__all__ = ["RayPlacement", "RayRollouts", "RolloutWorker", "RemoteManager", "start_ray"]
+__all__ = ["RayPlacement", "RayRollouts", "RolloutWorker", "RemoteManager", "RemoteExperience",
+           "start_ray"]
 
 
 def start_ray(num_cpus: int) -> str:
@@ -44,45 +52,24 @@ def start_ray(num_cpus: int) -> str:
     return temp_dir
 
 
-class _ServiceActor(ExperienceService):
-    """``ExperienceService`` as a Ray actor: a caller outside reaches the manager through
-    ``manager_call`` (a Ray actor's remote methods are its class's own)."""
-
-    def manager_call(self, method: str, *args: Any) -> Any:
-        return getattr(self.manager, method)(*args)
-
-
 class RemoteManager:
-    """The manager of an experience service actor (``handle``), each call blocking on its
-    answer: an ``ExperienceClient`` (rollout workers retrieve, ask and report through it) whose
-    other methods (``flush``, ``submit``, ``stats``, ...) reach the manager's the same way."""
+    """The Experience Manager inside an experience service actor (``handle``) as the rollout
+    workers call it: an ``ExperienceClient``, each call blocking on its answer."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
     def retrieve(self, env_id: str, query: str, k: int = 1) -> list[ExperienceItem]:
-        return self._call("retrieve", env_id, query, k)
+        return _ray_get(self.handle.retrieve.remote(env_id, query, k))
 
     def ask(self, env_id: str, query: str, k: int = 1) -> AskAnswer:
-        return self._call("ask", env_id, query, k)
+        return _ray_get(self.handle.ask.remote(env_id, query, k))
 
-    def report_outcome(self, entry_ids: Sequence[str], score: float,
-                       critic: float | None = None, baseline: float | None = None,
-                       env_id: str = "", query: str = "") -> None:
-        self._call("report_outcome", list(entry_ids), score, critic, baseline, env_id, query)
 
-    def report_ask_outcome(self, generation_ids: Sequence[str], score: float) -> None:
-        self._call("report_ask_outcome", list(generation_ids), score)
+def _ray_get(ref: Any) -> Any:
+    import ray
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # no remote lookup for Python's own probes (copy, pickle)
-            raise AttributeError(name)
-        return functools.partial(self._call, name)
-
-    def _call(self, method: str, *args: Any) -> Any:
-        import ray
-
-        return ray.get(self.handle.manager_call.remote(method, *args))
+    return ray.get(ref)
 
 
 class RolloutWorker:
@@ -119,26 +106,49 @@ class RolloutWorker:
         self.engine.close()
 
 
-class _RemoteExperience:
-    """The experience service actor as the trainer holds it: its ``manager`` (``RemoteManager``)
-    and its own methods (checkpoints, weights), each call blocking."""
+class RemoteExperience:
+    """The experience service actor (``handle``) as the trainer holds it: an
+    ``ExperienceOwner``, each call one blocking round trip (a step's credit and its
+    distillation requests go in one call each)."""
 
     def __init__(self, handle: Any, lora: bool) -> None:
         self.handle = handle
         self.lora = lora
-        self.manager = RemoteManager(handle)
+        self.client = RemoteManager(handle)
         self.weights_lock = contextlib.nullcontext()  # the learner's copy is not the generator's
 
-    def __getattr__(self, name: str) -> Any:
-        import ray
+    def flush(self, timeout: float | None = None) -> bool:
+        return _ray_get(self.handle.flush.remote(timeout))
 
-        method = getattr(self.handle, name)
-        return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
+    def submit(self, requests: Sequence[DistillationRequest]) -> None:
+        _ray_get(self.handle.submit.remote(list(requests)))
+
+    def merge_pass(self) -> int:
+        return _ray_get(self.handle.merge_pass.remote())
+
+    def credit(self, outcomes: Sequence[EpisodeOutcome], relative: bool = False) -> None:
+        _ray_get(self.handle.credit.remote(list(outcomes), relative))
+
+    def generation_rewards(self, min_uses: int = 1) -> list[GenerationReward]:
+        return _ray_get(self.handle.generation_rewards.remote(min_uses))
+
+    def release_generations(self, generation_ids: Sequence[str]) -> int:
+        return _ray_get(self.handle.release_generations.remote(list(generation_ids)))
+
+    def stats(self) -> dict[str, Any]:
+        return _ray_get(self.handle.stats.remote())
+
+    def export_state(self, directory: str | os.PathLike) -> int:
+        return _ray_get(self.handle.export_state.remote(str(directory)))
+
+    def import_ledger(self, directory: str | os.PathLike) -> None:
+        _ray_get(self.handle.import_ledger.remote(str(directory)))
 
     def load_extractor_weights(self, state: dict[str, Any]) -> None:
-        import ray
+        _ray_get(self.handle.load_extractor_weights.remote(state, self.lora))
 
-        ray.get(self.handle.load_extractor_weights.remote(state, self.lora))
+    def close(self) -> None:
+        _ray_get(self.handle.close.remote())
 
 
 class RayRollouts:
@@ -179,7 +189,7 @@ class RayPlacement:
         self._ray_dir = start_ray(num_cpus=cfg.run.rollout_workers + 1)
         self._learners: dict[str, PolicyLearner] = {}
         self._rollouts: RayRollouts | None = None
-        self._experience: _RemoteExperience | None = None
+        self._experience: RemoteExperience | None = None
 
     def sampling_backend(self, cfg: TrainConfig, role: str, learner: PolicyLearner,
                          learner_backend: ModelBackend) -> ModelBackend:
@@ -189,23 +199,26 @@ class RayPlacement:
         return learner_backend
 
     def experience(self, cfg: TrainConfig, run_dir: Path, extractor_backend: ModelBackend,
-                   extractor_spec: str, extractor: PolicyLearner | None) -> _RemoteExperience:
-        actor_cls = self._ray.remote(num_cpus=1, max_concurrency=16)(_ServiceActor)
+                   extractor_spec: str, extractor: PolicyLearner | None) -> RemoteExperience:
+        actor_cls = self._ray.remote(num_cpus=1, max_concurrency=16)(ExperienceService)
         handle = actor_cls.remote(str(run_dir), cfg.experience, extractor_spec,
                                   lora=cfg.extractor.lora, dtype=cfg.extractor.dtype,
                                   kv_cache_tokens=cfg.kv_cache_tokens("extractor"),
                                   **experience_options(cfg))
-        self._experience = _RemoteExperience(handle, cfg.extractor.lora.enabled)
+        self._experience = RemoteExperience(handle, cfg.extractor.lora.enabled)
         if extractor is not None:  # the driver's learner copy starts from the same weights
             self._experience.load_extractor_weights(extractor.trainable_state_dict())
         return self._experience
 
     def rollouts(self, cfg: TrainConfig, actor_backend: ModelBackend,
-                 experience: Any) -> RayRollouts:
+                 experience: ExperienceOwner | None) -> RayRollouts:
+        """Workers that retrieve and ask through the service actor this placement started
+        (``experience`` is its ``RemoteExperience``)."""
         # each worker steps its envs in one thread; the workers are the parallelism
         rollout = RolloutConfig.from_config(cfg, workers=1)
         worker_cls = self._ray.remote(num_cpus=1)(RolloutWorker)
-        service = experience.handle if experience is not None else None
+        service = self._experience.handle \
+            if experience is not None and self._experience is not None else None
         self._rollouts = RayRollouts([
             worker_cls.remote(cfg.actor.model, cfg.actor.lora, rollout, service,
                               torch_threads=cfg.run.torch_threads or 1, dtype=cfg.actor.dtype,

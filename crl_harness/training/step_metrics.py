@@ -76,7 +76,7 @@ def _gate_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
          for verdict in CRITIC_SCORES}
     m["gate/episodes"] = len(gated)
     m["gate/format_failures"] = sum(not t.gate.format_ok for t in gated)
-    m["gate/entry_credit"] = _mean([gated_credit(1.0 if t.won else t.score, t.gate.critic)
+    m["gate/entry_credit"] = _mean([gated_credit(t.outcome_score, t.gate.critic)
                                     for t in gated if t.experience_ids])
     return m
 
@@ -90,7 +90,7 @@ def _ask_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     for status in ("answered", "refused", "empty"):
         m[f"ask/{status}"] = sum(a.status == status for a in asks)
     m["ask/queries_cut"] = sum(a.cut for a in asks)
-    m["ask/answer_credit"] = _mean([episode_credit(1.0 if t.won else t.score)
+    m["ask/answer_credit"] = _mean([episode_credit(t.outcome_score)
                                     for t in guided for a in t.asks if a.generation_id])
     return m
 

@@ -1,5 +1,6 @@
 """ExperienceAugmentation on every CRL env: check_env through the wrapper, placement, the
-experience-free switch, and credit for the writer of a used entry after a real episode."""
+experience-free switch, and credit for the writer of a used entry after a real episode (by the
+caller: the wrapper reports nothing)."""
 
 from __future__ import annotations
 
@@ -84,23 +85,24 @@ def test_check_env_and_placement(env_id, manager):
 
 
 @pytest.mark.parametrize("env_id", PARAMS)
-def test_episode_end_credits_the_writer(env_id, manager):
+def test_episode_end_reports_nothing_and_the_caller_credits_the_writer(env_id, manager):
+    """The wrapper reports no outcome; whoever plays the episode credits the ids the reset
+    gave with the outcome score (docs/experience.md, "Credit and schedule")."""
     env = make_or_skip(env_id)
     _, info = env.reset(seed=3)
-    seed_bank(manager, env_id, retrieval_query("", info))
+    key = retrieval_query("", info)
+    seed_bank(manager, env_id, key)
     # Instructions placement: the oracle reads the observation, which stays the env's own.
     wrapped = ExperienceAugmentation(env, manager, placement="instructions")
-    info = play_episode(wrapped, make_oracle(env_id, wrapped), seed=3).info
+    episode = play_episode(wrapped, make_oracle(env_id, wrapped), seed=3)
+    assert manager.drain_generation_rewards() == []  # the episode ended: nothing reported
+    _, reset_info = wrapped.reset(seed=3)
+    info = episode.info
+    score = 1.0 if info["won"] else info["score"]
+    manager.report_outcome(reset_info["experience_ids"], score, env_id=env_id, query=key)
     [reward] = manager.drain_generation_rewards()
-    expected = 1.0 if info["won"] else (info["score"] if info["score"] > 0 else -1.0)
+    expected = score if score > 0 else -1.0
     assert (reward.generation_id, reward.n_uses, reward.reward) == ("gen-under-test", 1, expected)
-
-    wrapped.reset(seed=3, options={"use_experience": False})  # experience-free: no credit
-    for _ in range(env.spec.max_episode_steps):
-        *_, terminated, truncated, _ = wrapped.step("not an action")
-        if terminated or truncated:
-            break
-    assert manager.drain_generation_rewards() == []
     wrapped.close()
 
 

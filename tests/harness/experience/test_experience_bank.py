@@ -169,7 +169,7 @@ def test_hardening_bank_keeps_its_capacity(tmp_path):
         assert (len(reopened), reopened.capacity, reopened.evictions) == (20_005, 20_010, 0)
         reopened.export_jsonl(tmp_path / "bank.jsonl")
     from crl_harness.experience import BankError
-    from crl_harness.training.experience_service import ExperienceService
+    from crl_harness.experience.checkpoint import restore_bank
 
     with pytest.raises(BankError, match="capacity 20010"):
         ExperienceBank(path, capacity=100)
@@ -180,11 +180,11 @@ def test_hardening_bank_keeps_its_capacity(tmp_path):
 
     # --resume rebuilds the bank from the checkpoint's export at the run's capacity.
     run_dir, checkpoint = tmp_path / "run", tmp_path
-    ExperienceService.restore_bank(run_dir, checkpoint, 20_010)
+    restore_bank(run_dir, checkpoint, 20_010)
     with ExperienceBank(run_dir / "bank.sqlite") as restored:
         assert len(restored) == 20_005
     with pytest.raises(BankError, match="more than its capacity"):
-        ExperienceService.restore_bank(run_dir, checkpoint, 20_000)
+        restore_bank(run_dir, checkpoint, 20_000)
 
     # A bank written before the capacity was stored opens without evicting anything.
     legacy = tmp_path / "legacy.sqlite"

@@ -367,7 +367,7 @@ def test_relative_credit_on_a_hand_made_group(bank):
     mixed; where it all lost or all won it tells nothing of what the lesson added (all won: a
     right lesson would earn 0, below the batch mean), so the guided outcome alone credits it
     (the paper's credit: +1 a win, -1 a loss)."""
-    from crl_harness.experience import credit_episodes
+    from crl_harness.experience import EpisodeOutcome, credit_episodes
     from crl_harness.rollout import Trajectory
 
     with ExperienceManager(bank) as manager:
@@ -384,6 +384,7 @@ def test_relative_credit_on_a_hand_made_group(bank):
                  episode(0, False, False), episode(0, False, True),             # free mean 0.5
                  episode(1, True, True, easy), episode(1, True, True, easy),    # guided: 1, 1
                  episode(1, False, True), episode(1, False, True)]              # free: all won
+        group = [EpisodeOutcome.of(t) for t in group]
         credit_episodes(manager, group, relative=True)
         rewards = {r.generation_id: (r.reward, r.n_uses) for r in manager.generation_rewards()}
         assert rewards == {"g-hard": (0.0, 2), "g-easy": (1.0, 2)}
@@ -397,13 +398,45 @@ def test_relative_credit_on_a_hand_made_group(bank):
 
 
 def test_the_manager_and_the_ray_proxy_are_experience_clients(bank):
-    """``ExperienceClient`` is what the engine, the wrapper and the trainer call: the manager
-    (one process) and ``RemoteManager`` (over Ray) both implement it; a retrieve-only view and
-    a bare retriever do not."""
-    from crl_harness.experience import ExperienceClient, RetrieveOnly
+    """``ExperienceClient`` is what the rollouts call: the manager (one process) and
+    ``RemoteManager`` (over Ray) both implement it; a bare retriever does not."""
+    from crl_harness.experience import ExperienceClient
     from crl_harness.training.ray_backend import RemoteManager
+
+    class Tips:
+        def retrieve(self, env_id, query, k):
+            return []
 
     with ExperienceManager(bank) as manager:
         assert isinstance(manager, ExperienceClient)
-        assert not isinstance(RetrieveOnly(manager), ExperienceClient)
+    assert not isinstance(Tips(), ExperienceClient)
     assert isinstance(RemoteManager(handle=None), ExperienceClient)  # no Ray needed to build one
+
+
+def test_the_service_and_its_ray_proxy_implement_the_owner_face_method_by_method(monkeypatch):
+    """``ExperienceOwner`` is what the trainer calls: ``ExperienceService`` and
+    ``RemoteExperience`` have every one of its names, the Ray proxies forward no other name
+    (no ``__getattr__``), and a step's credit is one remote call, whatever its size."""
+    from crl_harness.experience import EpisodeOutcome, ExperienceOwner
+    from crl_harness.training import ray_backend
+    from crl_harness.training.experience_service import ExperienceService
+
+    face = {name for name in dir(ExperienceOwner) if not name.startswith("_")}
+    assert face >= {"flush", "submit", "merge_pass", "credit", "generation_rewards",
+                    "release_generations", "stats", "export_state", "import_ledger",
+                    "weights_lock", "client", "close"}
+    calls: list[tuple[str, tuple]] = []
+
+    class Handle:  # a Ray actor handle: each method has .remote
+        def __getattr__(self, name):
+            return type("Method", (), {"remote": staticmethod(
+                lambda *args: calls.append((name, args)))})()
+
+    remote = ray_backend.RemoteExperience(Handle(), lora=False)
+    assert face <= set(dir(ExperienceService)) and face <= set(dir(remote))
+    for proxy in (ray_backend.RemoteExperience, ray_backend.RemoteManager):
+        assert "__getattr__" not in vars(proxy)
+    monkeypatch.setattr(ray_backend, "_ray_get", lambda ref: ref)
+    remote.credit([EpisodeOutcome("E", "key", group, True, 1.0, ("e1",)) for group in range(64)],
+                  relative=True)
+    assert [name for name, _ in calls] == ["credit"] and len(calls[0][1][0]) == 64

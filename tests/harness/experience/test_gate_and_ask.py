@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 from crl_envs.sokoban.oracle import SokobanOracle  # noqa: E402
 from crl_harness.config import ConfigError, load_config  # noqa: E402
 from crl_harness.experience import (  # noqa: E402
+    EpisodeOutcome,
     ExperienceBank,
     ExperienceManager,
     credit_episodes,
@@ -117,7 +118,7 @@ def _play(actor, manager, *, seed=WON_SEED, guided=True, **settings):
     finally:
         engine.close()
     if not traj.error:
-        credit_episodes(manager, [traj])
+        credit_episodes(manager, [EpisodeOutcome.of(traj)])
     return traj
 
 

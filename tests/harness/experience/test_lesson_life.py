@@ -12,6 +12,7 @@ from crl_harness.config import EnvEntry, TaskConfig
 from crl_harness.experience import (
     AddEntry,
     DistillationRequest,
+    EpisodeOutcome,
     ExperienceBank,
     ExperienceManager,
     ManagerConfig,
@@ -175,7 +176,7 @@ def test_a_group_whose_free_half_all_won_credits_a_right_lesson_positively(bank)
         group = [Trajectory(ENV, 0, group_id=0, use_experience=guided, won=True, score=1.0,
                             retrieval_key=MINE, experience_ids=[entry.id] if guided else [])
                  for guided in (True, True, False, False)]
-        credit_episodes(manager, group, relative=True)
+        credit_episodes(manager, [EpisodeOutcome.of(t) for t in group], relative=True)
         assert [(r.reward, r.n_uses) for r in manager.generation_rewards()] == [(1.0, 2)]
 
 

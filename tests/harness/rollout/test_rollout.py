@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from crl_envs.sokoban.oracle import SokobanOracle  # noqa: E402
 from crl_harness.agents import ModelAgent, run_episode  # noqa: E402
-from crl_harness.experience import credit_episodes  # noqa: E402
+from crl_harness.experience import EpisodeOutcome, credit_episodes  # noqa: E402
 from crl_harness.models import Generation, HFBackend  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
 from crl_harness.prompting import EXPERIENCE_HEADER, system_prompt  # noqa: E402
@@ -157,8 +157,8 @@ def test_a_format_failure_is_a_counted_no_op_with_the_penalty():
 
 
 class Tips:
-    """A retriever with one entry per env that records outcome reports (an ``ExperienceClient``
-    as far as a step's credit goes)."""
+    """A retriever with one entry per env that records outcome reports (an ``OutcomeSink``, as
+    the manager is for a step's credit)."""
 
     def __init__(self):
         self.reports = []
@@ -184,7 +184,7 @@ def test_experience_goes_into_the_system_prompt_of_guided_episodes_only(tiny):
     assert "Never push a box" not in system_free and EXPERIENCE_HEADER not in system_free
     assert guided.experience_ids == ["tip-1"] and free.experience_ids == []
     assert tips.reports == []  # neither the engine nor its wrappers report: the trainer credits
-    credit_episodes(tips, [guided, free])
+    credit_episodes(tips, [EpisodeOutcome.of(guided), EpisodeOutcome.of(free)])
     assert tips.reports == [(["tip-1"], 0.0)]  # the failed guided episode is credited once
     engine.close()
 

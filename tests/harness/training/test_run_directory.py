@@ -18,10 +18,10 @@ from crl_harness.cli import main
 from crl_harness.config import load_config
 from crl_harness.eval import PairedDifference, paired_difference
 from crl_harness.experience import BankError, ExperienceBank
+from crl_harness.experience.checkpoint import restore_bank
 from crl_harness.models.tiny import build_tiny_model
 from crl_harness.trainer import ResumeError, RunDirectoryError, Trainer
 from crl_harness.training.checkpoint import Checkpointer, checkpoint_run_id
-from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.metrics import read_metrics
 from crl_harness.training.run_directory import occupied, read_run_id
 
@@ -126,7 +126,7 @@ def test_refused_resume_leaves_the_live_runs_files(model, tmp_path):
     Trainer(cfg).train()
     live = Trainer(load_config(None, _overrides(model, run_dir, steps=3)), resume=True)
     try:
-        live.experience.manager.flush()
+        live.experience.flush()
         before = _snapshot(run_dir)
         assert {"bank.sqlite", "bank.sqlite-wal", "bank.sqlite-shm"} <= set(before)
         with pytest.raises(RunDirectoryError, match="in use by a live run"):
@@ -135,7 +135,7 @@ def test_refused_resume_leaves_the_live_runs_files(model, tmp_path):
             Trainer(load_config(None, _overrides(model, run_dir)), overwrite=True)
         # the bank layer refuses too, before it removes anything
         with pytest.raises(BankError, match="open for writing"):
-            ExperienceService.restore_bank(run_dir, live.checkpoints.latest())
+            restore_bank(run_dir, live.checkpoints.latest())
         assert _snapshot(run_dir) == before
         assert len(live.experience.bank) == 1
     finally:

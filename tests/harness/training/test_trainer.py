@@ -677,7 +677,7 @@ def test_relative_credit_reaches_the_ledger_once_per_guided_use(models, tmp_path
     trainer.rollouts.run = lambda specs: played.extend(run(specs)) or played[-len(specs):]
     try:
         trainer.train_step(1)
-        score = {id(t): 1.0 if t.won else t.score for t in played}
+        score = {id(t): t.outcome_score for t in played}
         free: dict[int, list[float]] = {}
         for t in played:
             if not t.use_experience:
