@@ -22,7 +22,8 @@ Manager and its asynchronous loop").
 - ``locks``: ``ReadWriteLock`` (retrievals share, bank writes exclude).
 - ``distill``: ``DistillationRequest``, ``distill_prompt`` and the extractor's job queue.
 - ``search``: the manager's batched retrieval and the indexes it searches.
-- ``manager``: ``ExperienceManager`` (composing locks, search and distill), ``ManagerConfig``.
+- ``manager_config``: ``ManagerConfig``, every setting of the manager.
+- ``manager``: ``ExperienceManager`` (composing locks, search and distill).
 """
 
 from crl_harness.experience.ask import AskAnswer, AskRecord, parse_ask
@@ -49,7 +50,8 @@ from crl_harness.experience.entries import (
 )
 from crl_harness.experience.gate import CRITIC_SCORES, GateVerdict, parse_verdict
 from crl_harness.experience.locks import ReadWriteLock
-from crl_harness.experience.manager import ExperienceManager, ManagerConfig
+from crl_harness.experience.manager import ExperienceManager
+from crl_harness.experience.manager_config import ManagerConfig
 from crl_harness.experience.operations import (
     ParseLimits,
     ParseResult,

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from string import Template
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from crl_harness.experience.bank import ExperienceBank
 from crl_harness.experience.bank_file import BankError
@@ -34,6 +34,7 @@ from crl_harness.experience.entries import (
     ExperienceEntry,
     VoteEntry,
 )
+from crl_harness.experience.manager_config import ManagerConfig
 from crl_harness.experience.operations import (
     Add,
     Discard,
@@ -46,9 +47,6 @@ from crl_harness.experience.operations import (
     parse_merge,
 )
 from crl_harness.experience.prompts import load_prompt
-
-if TYPE_CHECKING:  # annotations only: manager.py imports this module
-    from crl_harness.experience.manager import ManagerConfig
 
 __all__ = ["DistillationRequest", "Extractor", "distill_prompt", "judgment_reward",
            "episodes_to_distill"]

@@ -2,7 +2,6 @@
 Manager and its asynchronous loop").
 
 Holds:
-- ``ManagerConfig``: every setting of the manager.
 - ``ExperienceManager``, the ``ExperienceClient`` of one process (``client``), which composes
   the parts in ``locks`` (``ReadWriteLock``), ``search`` (batching and indexing) and ``distill``
   (``DistillationRequest`` and the extractor's jobs):
@@ -25,8 +24,8 @@ Holds:
     entries retrieved for it, in the caller's thread; ``report_ask_outcome`` credits the
     answering generations with the episode's outcome.
 
-``ReadWriteLock``, ``DistillationRequest``, ``Extractor`` and ``distill_prompt`` are still
-importable from here, as before the split.
+``ReadWriteLock``, ``DistillationRequest``, ``Extractor``, ``distill_prompt`` and
+``ManagerConfig`` (``manager_config``) are still importable from here, as before the split.
 
 Every public method takes and returns plain data, so the object can later run as a Ray actor.
 """
@@ -41,10 +40,8 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-from crl_harness.config.schema import ExperienceConfig, ExtractorConfig
 from crl_harness.experience.ask import NO_KNOWLEDGE, AskAnswer, answer_prompt, parse_answer_text
 from crl_harness.experience.bank import ExperienceBank
 from crl_harness.experience.credit import CreditLedger, GenerationReward
@@ -65,13 +62,12 @@ from crl_harness.experience.entries import (
     same_text,
 )
 from crl_harness.experience.locks import ReadWriteLock
-from crl_harness.experience.operations import ParseLimits
+from crl_harness.experience.manager_config import ManagerConfig
 from crl_harness.experience.prompts import load_prompt
 from crl_harness.experience.retrieval import (
     BM25Index,
     DenseIndex,
     Embedder,
-    RetrievalConfig,
     query_coverage,
     tokenize,
 )
@@ -79,65 +75,6 @@ from crl_harness.experience.search import _Query, _Search
 
 __all__ = ["ReadWriteLock", "DistillationRequest", "ManagerConfig", "ExperienceManager",
            "Extractor", "distill_prompt"]
-
-
-@dataclass(frozen=True)
-class ManagerConfig:
-    """Settings of the Experience Manager (defaults: the released configuration, but for the
-    retrieval batching: one batch per burst of a 64-episode rollout batch, scored by one
-    search worker; ``benchmarks/experience_bench.py`` measures the burst). Those a training run
-    sets are declared, with their docs and defaults, in ``ExperienceConfig`` and
-    ``ExtractorConfig``; ``from_config`` reads them from it."""
-
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    max_concurrent_extractions: int = ExperienceConfig.max_concurrent_extractions
-    """``experience.max_concurrent_extractions``"""
-    batch_size: int = 64
-    """Most retrieval queries served as one batch (released: 32; 64 is a rollout batch, whose
-    episodes reset together)."""
-    batch_wait_s: float = 0.005
-    """Longest a query waits for its batch to fill."""
-    batch_gap_s: float = 0.0005
-    """A batch is sent once no query joined it for this long: the queries of a burst (episodes
-    that reset together) are scored in one pass, and a few concurrent ones do not wait
-    ``batch_wait_s``. A query that arrives alone is served at once, in the caller's thread."""
-    search_workers: int = 1
-    """Threads that serve retrieval batches under the shared read lock (released: 4). A batch is
-    one matrix product, and more threads mostly wait for the GIL: with 4, a burst of 64 forms
-    smaller batches and its p99 is higher."""
-    merge_chunk: int = 5
-    """Entries shown to the extractor per merge-pass call."""
-    max_transcript_chars: int = ExperienceConfig.max_transcript_chars
-    """``experience.max_transcript_chars``"""
-    parse_limits: ParseLimits = field(default_factory=ParseLimits)
-    format_failure_reward: float | None = ExtractorConfig.format_penalty
-    """``extractor.format_penalty``: the reward of a generation whose answer was malformed."""
-    max_pending_generations: int = 10_000
-    reindex_interval_s: float = 30.0
-    """A changed partition is re-indexed at most this often, and at once while ``flush`` waits.
-    A BM25 rebuild holds the GIL for ~60 ms per 1,000 entries, so rebuilding after every write
-    slows rollouts in the same process; the harness flushes before each rollout phase anyway."""
-    seed: int = 0
-
-    @classmethod
-    def from_config(cls, experience: ExperienceConfig, exact_key_envs: Sequence[str] = (),
-                    **settings: Any) -> ManagerConfig:
-        """The manager of a run's ``experience`` section; ``exact_key_envs``: the run's envs
-        whose retrieval key is exact (``RetrievalConfig.from_config``); ``settings``: the others
-        (e.g. the ``seed`` and ``format_failure_reward`` of the run)."""
-        return cls(retrieval=RetrievalConfig.from_config(experience, exact_key_envs),
-                   max_concurrent_extractions=experience.max_concurrent_extractions,
-                   max_transcript_chars=experience.max_transcript_chars, **settings)
-
-    def __post_init__(self) -> None:
-        for name in ("max_concurrent_extractions", "batch_size", "search_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ManagerConfig.{name} must be at least 1.")
-        if self.merge_chunk < 2:
-            raise ValueError("ManagerConfig.merge_chunk must be at least 2.")
-        for name in ("batch_wait_s", "batch_gap_s"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"ManagerConfig.{name} must be a number of seconds >= 0.")
 
 
 class ExperienceManager(_ExtractorJobs, _Search):
@@ -156,7 +93,8 @@ class ExperienceManager(_ExtractorJobs, _Search):
     """
 
     def __init__(self, bank: ExperienceBank, extractor: Extractor | None = None,
-                 config: ManagerConfig = ManagerConfig()) -> None:
+                 config: ManagerConfig | None = None) -> None:
+        config = config if config is not None else ManagerConfig()
         self.bank = bank
         self.config = config
         self._extractor = extractor

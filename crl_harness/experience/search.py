@@ -23,13 +23,14 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from crl_harness.experience.bank import ExperienceBank
 from crl_harness.experience.entries import ExperienceEntry
 from crl_harness.experience.locks import ReadWriteLock
+from crl_harness.experience.manager_config import ManagerConfig
 from crl_harness.experience.retrieval import (
     BM25Index,
     DenseIndex,
@@ -38,9 +39,6 @@ from crl_harness.experience.retrieval import (
     query_coverage,
     tokenize,
 )
-
-if TYPE_CHECKING:  # annotations only: manager.py imports this module
-    from crl_harness.experience.manager import ManagerConfig
 
 __all__: list[str] = []  # the manager's own: every name here is private
 

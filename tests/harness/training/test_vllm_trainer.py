@@ -144,9 +144,9 @@ def test_co_evolve_with_both_engines_on_vllm_syncs_the_extractor(tmp_path, alter
         assert set(trainer.placement.engines) == {"actor", "extractor"}
         alternating_rewards(trainer)
         trainer.train_step(1)
-        assert trainer.experience.manager.flush(timeout=120)
+        assert trainer.experience.flush(timeout=120)
         # the background thread's engine
-        assert trainer.experience.manager.stats()["distillations"] > 0
+        assert trainer.experience.stats()["distillations"] > 0
         extractor = trainer.placement.engines["extractor"].backend
         before = extractor.generate(PROMPTS, max_new_tokens=6, temperature=1.0, seed=0)
         rows = [TrainingRow(g.prompt_token_ids, g.token_ids, g.logprobs, 1.0 if i % 2 else -1.0,
