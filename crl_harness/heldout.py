@@ -126,20 +126,12 @@ def load_actor(cfg: Any, actor: str, dtype: str = "auto", role: str = "actor") -
     """``actor`` (an ``hf:`` spec: a model or an adapter folder) on the engine that ``cfg``'s
     ``role`` (``actor``, ``extractor``) generates with (``ROLE.rollout_engine``: transformers, or
     vLLM, with the adapter merged in fp32), with that role's KV cache either way."""
-    from crl_harness.models import load_backend
-    from crl_harness.models.engines import resolve_rollout_engines
+    from crl_harness.models.engines import resolve_rollout_engines, sampling_engine
 
     resolve_rollout_engines(cfg)
-    kv_cache_tokens = cfg.kv_cache_tokens(role)
-    if getattr(cfg, role).rollout_engine != "vllm":
-        return load_backend(actor, dtype=dtype, kv_cache_tokens=kv_cache_tokens)
-    import torch
-
-    from crl_harness.models.hf import resolve_dtype
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return load_backend("vllm:" + actor.removeprefix("hf:"), dtype=resolve_dtype(dtype, device),
-                        max_context=None, kv_cache_tokens=kv_cache_tokens, seed=cfg.run.seed)
+    engine = sampling_engine(getattr(cfg, role).rollout_engine)
+    return engine.load(engine.spec(actor), dtype=dtype, kv_cache_tokens=cfg.kv_cache_tokens(role),
+                       seed=cfg.run.seed)
 
 
 def evaluate_levels(cfg: Any, actor: str,

@@ -61,7 +61,7 @@ from crl_harness.experience import (
 from crl_harness.experience.checkpoint import restore_bank
 from crl_harness.losses import cispo_loss, extractor_advantages, grpo_loss, sequence_token_weights
 from crl_harness.models import load_backend
-from crl_harness.models.engines import resolve_rollout_engines
+from crl_harness.models.engines import resolve_rollout_engines, sampling_engine
 from crl_harness.rollout import EpisodeSpec
 from crl_harness.training.batches import actor_rows
 from crl_harness.training.checkpoint import (
@@ -144,7 +144,7 @@ class Trainer:
         # with: that same model (rollout_engine hf) or a vLLM engine synced after each update.
         learner_backend = load_backend(cfg.actor.model, dtype=cfg.actor.dtype,
                                        kv_cache_tokens=cfg.kv_cache_tokens("actor"),
-                                       kv_reuse=cfg.actor.rollout_engine == "hf")
+                                       kv_reuse=sampling_engine(cfg.actor.rollout_engine).own_model)
         self.tokenizer = learner_backend.tokenizer
         self.actor = self._learner("actor", learner_backend.model)
         self.actor_backend = self.placement.sampling_backend(cfg, "actor", self.actor,
@@ -158,10 +158,10 @@ class Trainer:
             # static: the frozen extractor itself, its warm start's adapters merged at load
             spec = ((cfg.actor.model if cfg.extractor.model == "same" else cfg.extractor.model)
                     if cfg.trains_extractor else cfg.starting_model("extractor"))
-            vllm_static = cfg.extractor.rollout_engine == "vllm" and not cfg.trains_extractor
-            # with "same": a second copy of the base model
+            engine = sampling_engine(cfg.extractor.rollout_engine)
+            # a frozen extractor loads on its engine; with "same": a second copy of the base
             extractor_backend = load_backend(
-                ("vllm:" + spec.removeprefix("hf:")) if vllm_static else spec,
+                spec if cfg.trains_extractor or engine.own_model else engine.spec(spec),
                 dtype=cfg.extractor.dtype, kv_cache_tokens=cfg.kv_cache_tokens("extractor"))
             if cfg.trains_extractor:
                 self.extractor = self._learner("extractor", extractor_backend.model)
@@ -189,7 +189,7 @@ class Trainer:
     def _learner(self, role: str, model: Any) -> PolicyLearner:
         settings = getattr(self.cfg, role)
         recompute = settings.recompute_old_logprobs
-        if recompute is None and settings.rollout_engine == "vllm":
+        if recompute is None and not sampling_engine(settings.rollout_engine).own_model:
             recompute = True  # another engine's log-probs differ from the learner's at any dtype
         return PolicyLearner(
             model, lr=settings.lr, max_grad_norm=settings.max_grad_norm,

@@ -223,7 +223,7 @@ def choose_agent_engine(args: argparse.Namespace, console: Any) -> None:
     """``--engine`` of an ``hf:`` agent (``crl_harness.models.engines``'s rule, said in one
     line): where it means vllm, the agent becomes ``vllm:`` of the same model. ``--no-kv-reuse``
     is transformers' own, so auto means hf with it."""
-    from crl_harness.models.engines import choose_engine
+    from crl_harness.models.engines import choose_engine, sampling_engine
 
     if not args.agent.startswith("hf:"):
         if args.engine != "auto":
@@ -232,11 +232,11 @@ def choose_agent_engine(args: argparse.Namespace, console: Any) -> None:
         return
     choice = choose_engine(args.engine, hf_because="--no-kv-reuse is the hf engine's"
                            if args.no_kv_reuse else None)
-    if choice.engine == "vllm" and args.no_kv_reuse:
+    engine = sampling_engine(choice.engine)
+    if not engine.own_model and args.no_kv_reuse:
         raise UserFacingError("--no-kv-reuse is the hf engine's; drop it or give --engine hf.")
     console.print(choice.line(args.agent), highlight=False)
-    if choice.engine == "vllm":
-        args.agent = "vllm:" + args.agent.removeprefix("hf:")
+    args.agent = engine.spec(args.agent)
 
 
 def eval_settings(args: argparse.Namespace, env_ids: list[str], seeds: list[int],

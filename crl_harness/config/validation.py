@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_harness.config.schema import HELDOUT_RESERVED, LoRAConfig, TrainConfig
+from crl_harness.models.engines import SAMPLING_ENGINES
 
 __all__ = [
     "ConfigError",
@@ -135,9 +136,10 @@ def _validate(cfg: TrainConfig, source: str) -> None:
              "vllm for vLLM rollouts (openai: serves crl eval only)")
     for key in ("actor", "extractor"):
         learner = getattr(cfg, key)
-        if learner.rollout_engine == "vllm" and cfg.run.backend == "ray":
-            fail(f"{key}.rollout_engine", "vllm runs in the trainer's process (run.backend: "
-                 "local); with run.backend: ray use hf")
+        if learner.rollout_engine in SAMPLING_ENGINES and cfg.run.backend == "ray" \
+                and not SAMPLING_ENGINES[learner.rollout_engine].own_model:
+            fail(f"{key}.rollout_engine", f"{learner.rollout_engine} runs in the trainer's "
+                 "process (run.backend: local); with run.backend: ray use hf")
     if cfg.trains_extractor and cfg.extractor.model != "same" \
             and not cfg.extractor.model.startswith("hf:"):
         fail("extractor.model", f"'{cfg.extractor.model}' cannot be trained (arm co-evolve): "

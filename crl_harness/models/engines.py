@@ -1,6 +1,10 @@
 """Which engine generates a role's rollouts: ``rollout_engine: auto`` made ``hf`` or ``vllm``.
 
 Holds:
+- ``SamplingEngine`` and ``SAMPLING_ENGINES``: the table of engines (``hf``, ``vllm``), each row
+  saying what loads a checkpoint on it and how it gets a learner's new weights; the trainer, the
+  placements, the held-out evaluations and ``crl eval`` ask it (``sampling_engine``), so adding
+  an engine is one module plus one row (``register_engine``);
 - ``choose_engine``: the rule, for one setting (``auto``, ``hf``, ``vllm``), with its reason;
 - ``resolve_rollout_engines``: a config's ``actor`` and ``extractor`` settings replaced by what
   they mean here, with one printed line (the trainer, the held-out evaluations, ``--dry-run``);
@@ -16,16 +20,113 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from crl_envs.errors import UserFacingError
 
-__all__ = ["ENGINES", "ENGINE_VARIABLE", "EngineChoice", "choose_engine",
-           "resolve_rollout_engines", "vllm_problem"]
+__all__ = ["ENGINES", "ENGINE_VARIABLE", "SAMPLING_ENGINES", "SamplingEngine", "SyncedSampler",
+           "EngineChoice", "choose_engine", "register_engine", "resolve_rollout_engines",
+           "sampling_engine", "vllm_problem"]
+
+
+class SyncedSampler(Protocol):
+    """A copy of a learner's model that generates (``backend``) and is given the learner's new
+    weights by ``sync()`` after each update; ``close()`` frees it."""
+
+    backend: Any
+
+    def sync(self) -> float:
+        """Load the learner's current weights; returns the seconds it took."""
+        ...
+
+    def close(self) -> None:
+        """Free the copy."""
+        ...
+
+
+@dataclass(frozen=True)
+class SamplingEngine:
+    """One row of the engine table: what generates a role's rollouts.
+
+    ``kind`` is the ``load_backend`` kind that loads a checkpoint on it (``hf:PATH`` becomes
+    ``KIND:PATH``); ``load`` loads one for evaluation (``load(spec, dtype=, kv_cache_tokens=,
+    seed=)``, the spec already ``KIND:``); ``synced`` starts a copy of a learner's model kept
+    in step with it (``synced(learner, learner_backend, kv_cache_tokens=, seed=)``), None for an
+    engine that generates with the learner's own model (nothing to push, its KV cache reused
+    between turns, its log-probs the learner's own)."""
+
+    name: str
+    kind: str
+    load: Callable[..., Any]
+    synced: Callable[..., SyncedSampler] | None = None
+
+    @property
+    def own_model(self) -> bool:
+        """Whether it generates with the learner's own model (no copy to sync)."""
+        return self.synced is None
+
+    def spec(self, model: str) -> str:
+        """``model`` (an ``hf:`` spec) as this engine loads it.
+
+        >>> sampling_engine("vllm").spec("hf:smollm2-135m"), sampling_engine("hf").spec("hf:x")
+        ('vllm:smollm2-135m', 'hf:x')
+        """
+        return f"{self.kind}:{model.removeprefix('hf:')}"
+
+
+def _load_hf(spec: str, *, dtype: str, kv_cache_tokens: int, seed: int) -> Any:
+    from crl_harness.models.registry import load_backend
+
+    return load_backend(spec, dtype=dtype, kv_cache_tokens=kv_cache_tokens)
+
+
+def _load_vllm(spec: str, *, dtype: str, kv_cache_tokens: int, seed: int) -> Any:
+    import torch
+
+    from crl_harness.models.hf import resolve_dtype
+    from crl_harness.models.registry import load_backend
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return load_backend(spec, dtype=resolve_dtype(dtype, device), max_context=None,
+                        kv_cache_tokens=kv_cache_tokens, seed=seed)
+
+
+def _synced_vllm(learner: Any, learner_backend: Any, *, kv_cache_tokens: int,
+                 seed: int) -> SyncedSampler:
+    from crl_harness.models.vllm_sync import SyncedVLLM
+
+    return SyncedVLLM(learner, learner_backend.tokenizer, max_context=learner_backend.max_context,
+                      kv_cache_tokens=kv_cache_tokens, seed=seed)
+
+
+SAMPLING_ENGINES: dict[str, SamplingEngine] = {
+    "hf": SamplingEngine("hf", "hf", _load_hf),
+    "vllm": SamplingEngine("vllm", "vllm", _load_vllm, _synced_vllm),
+}
+"""The engine table: name -> row."""
+
+
+def register_engine(engine: SamplingEngine) -> None:
+    """Add ``engine`` to the table (a row's name is taken once)."""
+    if engine.name in SAMPLING_ENGINES or engine.name == "auto":
+        raise ValueError(f"sampling engine {engine.name!r} is already in the table")
+    SAMPLING_ENGINES[engine.name] = engine
+
+
+def sampling_engine(name: str) -> SamplingEngine:
+    """The row of ``name`` (``auto`` resolved first: ``choose_engine``)."""
+    try:
+        return SAMPLING_ENGINES[name]
+    except KeyError:
+        raise UserFacingError(f"rollout engine {name[:40]!r}: give one of "
+                              f"{', '.join(SAMPLING_ENGINES)}") from None
+
 
 ENGINES = ("auto", "hf", "vllm")
-"""the values of ``rollout_engine`` (the first is the default)"""
+"""the values of ``rollout_engine`` a config takes (the first is the default; the table's
+shipped rows)"""
 
 ENGINE_VARIABLE = "CRL_ROLLOUT_ENGINE"
 """``hf`` or ``vllm``: what ``auto`` means, whatever is installed (a CI job or a test suite that
@@ -80,13 +181,14 @@ def choose_engine(setting: str, *, hf_because: str | None = None) -> EngineChoic
     ``$CRL_ROLLOUT_ENGINE`` where set, else ``hf`` where ``hf_because`` (a reason the caller
     needs transformers, e.g. ``run.backend: ray``) or ``vllm_problem`` says so, else ``vllm``.
     A bad value of either raises ``UserFacingError`` in one line."""
-    if setting not in ENGINES:
-        raise UserFacingError(f"rollout engine {setting[:40]!r}: give one of {', '.join(ENGINES)}")
+    if setting != "auto" and setting not in SAMPLING_ENGINES:
+        raise UserFacingError(f"rollout engine {setting[:40]!r}: give one of "
+                              f"{', '.join(['auto', *SAMPLING_ENGINES])}")
     if setting != "auto":
         return EngineChoice(setting, "as set")
     forced = os.environ.get(ENGINE_VARIABLE)
     if forced is not None:
-        if forced not in ENGINES[1:]:
+        if forced not in SAMPLING_ENGINES:
             raise UserFacingError(f"${ENGINE_VARIABLE}={forced[:40]!r}: give hf or vllm (what "
                              "rollout_engine: auto means), or unset it")
         return EngineChoice(forced, f"${ENGINE_VARIABLE}={forced}")

@@ -18,10 +18,10 @@ from typing import Any, Protocol
 from crl_harness.config import TrainConfig
 from crl_harness.experience import ExperienceOwner
 from crl_harness.models.base import ModelBackend
+from crl_harness.models.engines import SyncedSampler, sampling_engine
 from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from crl_harness.training.experience_service import ExperienceService
 from crl_harness.training.learner import PolicyLearner
-from crl_harness.training.vllm_sync import SyncedVLLM
 
 __all__ = ["Placement", "Rollouts", "LocalPlacement", "experience_options"]
 
@@ -85,22 +85,22 @@ class Placement(Protocol):
 class LocalPlacement:
     """Everything in the trainer's process: the rollout engine and the experience service run
     here; a learner samples with its own model (``rollout_engine: hf``, trained in place, so
-    nothing is pushed) or with a vLLM engine given its weights after each update
-    (``rollout_engine: vllm``, ``engines[role]``)."""
+    nothing is pushed) or with a copy its engine's row starts and syncs after each update
+    (``rollout_engine: vllm``, ``engines[role]``; ``models.engines.SAMPLING_ENGINES``)."""
 
     def __init__(self) -> None:
-        self.engines: dict[str, SyncedVLLM] = {}
+        self.engines: dict[str, SyncedSampler] = {}
         self._experience: ExperienceService | None = None
 
     def sampling_backend(self, cfg: TrainConfig, role: str, learner: PolicyLearner,
                          learner_backend: ModelBackend) -> ModelBackend:
-        if getattr(cfg, role).rollout_engine != "vllm":
+        engine = sampling_engine(getattr(cfg, role).rollout_engine)
+        if engine.synced is None:
             return learner_backend
-        engine = SyncedVLLM(learner, learner_backend.tokenizer,
-                            max_context=learner_backend.max_context,
-                            kv_cache_tokens=cfg.kv_cache_tokens(role), seed=cfg.run.seed)
-        self.engines[role] = engine
-        return engine.backend
+        copy = engine.synced(learner, learner_backend, kv_cache_tokens=cfg.kv_cache_tokens(role),
+                             seed=cfg.run.seed)
+        self.engines[role] = copy
+        return copy.backend
 
     def experience(self, cfg: TrainConfig, run_dir: Path, extractor_backend: ModelBackend,
                    extractor_spec: str, extractor: PolicyLearner | None) -> ExperienceService:

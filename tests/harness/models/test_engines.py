@@ -144,3 +144,56 @@ def test_crl_eval_of_the_tiny_model_plays_on_vllm_where_it_runs(probe, tmp_path,
     settings = json.loads((out / "eval.json").read_text())
     assert settings["agent"] == f"vllm:{model}"
     assert json.loads((out / "report.json").read_text())["envs"][0]["episodes"] == 1
+
+
+class _EchoCopy:
+    """A test engine's synced copy: counts the weights it was given."""
+
+    def __init__(self, learner, learner_backend):
+        self.backend, self.synced = ("echo-copy", learner), 0
+
+    def sync(self) -> float:
+        self.synced += 1
+        return 0.0
+
+    def close(self) -> None:
+        self.backend = None
+
+
+def test_an_engine_is_one_table_row(monkeypatch):
+    """A test engine registered from here (its load and its weight sync are the row's) is what
+    ``choose_engine``, the local placement (sampling and pushing weights) and the held-out
+    evaluation's loading use: no other file names it."""
+    from crl_harness.heldout import load_actor
+    from crl_harness.training.placement import LocalPlacement
+
+    loaded = []
+    row = engines.SamplingEngine(
+        "echo", "echo", lambda spec, **settings: loaded.append((spec, settings)) or "loaded",
+        lambda learner, backend, **settings: _EchoCopy(learner, backend))
+    monkeypatch.setattr(engines, "SAMPLING_ENGINES", dict(engines.SAMPLING_ENGINES))
+    engines.register_engine(row)
+    with pytest.raises(ValueError, match="already"):
+        engines.register_engine(row)
+    assert choose_engine("echo").engine == "echo"
+    cfg = load_config(None, [])
+    cfg.actor.rollout_engine = "echo"
+    placement = LocalPlacement()
+    assert placement.sampling_backend(cfg, "actor", "learner", "its backend") == \
+        ("echo-copy", "learner")
+    placement.push_weights(actor_updated=True, extractor_updated=False)
+    assert placement.engines["actor"].synced == 1
+    placement.close()
+    assert load_actor(cfg, "hf:some/actor", dtype="float32") == "loaded"
+    assert loaded == [("echo:some/actor", {"dtype": "float32", "seed": cfg.run.seed,
+                                           "kv_cache_tokens": cfg.kv_cache_tokens("actor")})]
+    cfg.actor.rollout_engine = "hf"  # the learner's own model: nothing to sync
+    assert LocalPlacement().sampling_backend(cfg, "actor", "learner", "its backend") == \
+        "its backend"
+
+
+def test_hardening_an_engine_not_in_the_table_is_refused_in_a_line():
+    with pytest.raises(UserFacingError, match="give one of auto, hf, vllm"):
+        choose_engine("tgi")
+    with pytest.raises(UserFacingError, match="give one of hf, vllm"):
+        engines.sampling_engine("auto")

@@ -46,8 +46,8 @@ def test_synced_engine_runs_the_learners_weights_after_an_update(tmp_path, lora,
 
     from crl_harness.config import LoRAConfig
     from crl_harness.models import HFBackend
+    from crl_harness.models.vllm_sync import SyncedVLLM
     from crl_harness.training.learner import PolicyLearner, TrainingRow
-    from crl_harness.training.vllm_sync import SyncedVLLM
 
     path = build_tiny_model(tmp_path / "model")
     hf = HFBackend(path, dtype="float32", kv_reuse=False)
