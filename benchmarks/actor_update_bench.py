@@ -61,7 +61,7 @@ def main() -> None:
               f"{learner.micro_batch_size}")
         try:
             for step in range(1, args.steps + 1):
-                results = trainer.rollouts.run(trainer._episode_specs(step, retrieve=False))
+                results = trainer.rollouts.run(trainer._episode_specs(trainer.sampler.sample(step), retrieve=False))
                 rows, _ = actor_rows([t for t in results if not t.error],
                                      normalize_std=cfg.actor.normalize_std)
                 rows = [r for r in rows if r.trained_tokens]
