@@ -16,11 +16,7 @@ rounded to the model's dtype. An update of 1e-6 (the released lr) is far below b
 accumulates until it shows. fp32 parameters (an fp32 model, LoRA adapters) are their own masters.
 float16 adds dynamic loss scaling, without which its gradients underflow.
 
-Shared prompt prefix: the rows of an update start with the same tokens (the chat header and the
-env's instructions: a third of a cpu-demo row or more). ``SharedPrefix`` forward-passes them
-once per update and every micro-batch continues from their keys and values; the gradient the
-rows send into the prefix is gathered on detached copies and passed through the prefix's own
-graph once, after the last micro-batch, so log-probs, loss and gradient are those of whole rows.
+Shared prompt prefix: ``crl_harness.training.shared_prefix``.
 
 Old log-probs: ``recompute_old_logprobs`` takes the ratio's old log-probs from the learner
 instead of the sampler (on by default unless the model runs in fp32: in bf16 the sampler's
@@ -41,6 +37,7 @@ import torch
 
 from crl_harness.config import LoRAConfig
 from crl_harness.losses import LossTerms
+from crl_harness.training.shared_prefix import SharedPrefix
 
 __all__ = ["TrainingRow", "UpdateStats", "PolicyLearner", "SharedPrefix", "apply_lora"]
 
@@ -132,62 +129,18 @@ def _adapters_in_fp32(peft_model: Any) -> Any:
     return peft_model
 
 
-class SharedPrefix:
-    """The tokens every row of an update starts with, forward-passed once (batch of one).
-
-    ``cache(rows)`` gives a micro-batch the prefix's keys and values as a ``DynamicCache``,
-    each layer's tensors expanded to the batch from detached leaves; the backward passes of the
-    micro-batches sum their gradients into the leaves, and ``backward`` then passes those sums
-    through the prefix's graph (the adapted layers' keys and values depend on the trained
-    weights), once. A frozen layer's keys and values need no gradient and have none.
-    ``MIN_TOKENS``: a shorter common prefix is not worth the extra forward call.
-    """
-
-    MIN_TOKENS = 16
-
-    def __init__(self, model: Any, ids: list[int], device: torch.device) -> None:
-        from transformers import DynamicCache
-
-        self.length = len(ids)
-        self.config = model.config
-        out = model(input_ids=torch.tensor([ids], device=device),
-                    past_key_values=DynamicCache(config=model.config), use_cache=True,
-                    logits_to_keep=1)
-        self.states = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        self.leaves = [tuple(t.detach().requires_grad_(t.requires_grad) for t in kv)
-                       for kv in self.states]
-
-    @staticmethod
-    def of(rows: Sequence[TrainingRow], model: Any) -> list[int] | None:
-        """The token ids all ``rows`` start with, cut to leave each row at least one prompt
-        token (the logit of its first completion token is read there); ``None`` when that is
-        under ``MIN_TOKENS`` or the model has layers other than full attention (a sliding
-        window's cache drops what falls out of the window)."""
-        config = model.config.get_text_config(decoder=True)
-        if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
-            return None
-        first = rows[0].prompt_ids
-        length = min(len(r.prompt_ids) for r in rows) - 1
-        for r in rows[1:]:
-            same = 0
-            while same < length and r.prompt_ids[same] == first[same]:
-                same += 1
-            length = same
-        return list(first[:length]) if length >= SharedPrefix.MIN_TOKENS else None
-
-    def cache(self, rows: int) -> Any:
-        """A fresh cache holding the prefix for a micro-batch of ``rows`` rows."""
-        from transformers import DynamicCache
-
-        return DynamicCache([(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
-                             for k, v in self.leaves], config=self.config)
-
-    def backward(self) -> None:
-        """Pass the gradient the micro-batches gathered on the leaves into the trained weights."""
-        pairs = [(state, leaf.grad) for kv, leaves in zip(self.states, self.leaves, strict=True)
-                 for state, leaf in zip(kv, leaves, strict=True) if leaf.grad is not None]
-        if pairs:
-            torch.autograd.backward([s for s, _ in pairs], [g for _, g in pairs])
+def _final_logits(config: Any, logits: torch.Tensor) -> torch.Tensor:
+    """What the model's own forward does to its head's output, for the families that scale it
+    (Gemma 2/3 soft-cap, Cohere's scale, Granite's divisor); the identity for the rest."""
+    config = config.get_text_config(decoder=True)
+    if getattr(config, "logit_scale", None) is not None:
+        logits = logits * config.logit_scale
+    if getattr(config, "logits_scaling", None) is not None:
+        logits = logits / config.logits_scaling
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
 
 
 class PolicyLearner:
@@ -224,6 +177,10 @@ class PolicyLearner:
                         if m is not p]
         self.optimizer = torch.optim.AdamW(self.masters, lr=lr, weight_decay=0.0)
         self.device = next(self.model.parameters()).device
+        # the decoder and the vocabulary head apart, so that logits are computed only where a
+        # row trains (``token_logprobs``); peft injects its adapters into these very modules
+        self._decoder = self.base_model.get_decoder()
+        self._head = self.base_model.get_output_embeddings()
         self.scaler = torch.amp.GradScaler(self.device.type) \
             if self.dtype == torch.float16 else None
 
@@ -233,7 +190,7 @@ class PolicyLearner:
         """Differentiable log-probs of each row's completion tokens, right-aligned: (rows, K)
         with K the longest completion, and the mask of the trained tokens (a row's
         ``completion_mask``, else all its completion tokens). Where the mask is 0 the log-prob is
-        0 or that of a context token: losses and metrics must read it through the mask.
+        0: losses and metrics must read it through the mask.
         ``prefix``: the rows' first ``prefix.length`` tokens, already forward-passed."""
         start = prefix.length if prefix is not None else 0
         width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows) - start
@@ -256,25 +213,22 @@ class PolicyLearner:
         if prefix is not None:  # the padding then sits between the prefix and each row's rest
             attention = torch.cat([attention.new_ones((len(rows), start)), attention], dim=1)
             cache = prefix.cache(len(rows))
-        # Left padding puts every completion at the end, so only the last K+1 logits are needed;
-        # with packed rows (long completions, mostly observations) only the columns some row
-        # trains: the logits of a whole episode would be (K, vocab) per row.
-        columns = mask.any(dim=0).nonzero()[:, 0]
-        if len(columns) == K:
-            keep: int | torch.Tensor = K + 1
-        else:
-            keep = (width - K - 1 + columns).to(self.device)  # the logit before each target
         rest = {"use_cache": False} if cache is None else {"past_key_values": cache,
                                                            "use_cache": True}
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         logits_to_keep=keep, **rest)
-        logits = out.logits[:, :len(columns), :].float() / self.temperature
-        columns = columns.to(self.device)
-        targets = input_ids[:, width - K:].index_select(1, columns)
-        kept = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
-        if len(columns) == K:
-            return kept, mask.to(self.device)
-        logprobs = kept.new_zeros((len(rows), K)).index_copy(1, columns, kept)
+        # Logits only where a row trains, each row at its own positions: a micro-batch's rows
+        # train at different columns (packed episodes: replies between observations), and the
+        # (tokens, vocabulary) logits and their softmax were a tenth of an update computed for
+        # every column any row trains.
+        rows_at, columns = mask.nonzero(as_tuple=True)
+        rows_at, columns = rows_at.to(self.device), columns.to(self.device)
+        hidden = self._decoder(input_ids=input_ids, attention_mask=attention,
+                               position_ids=positions, **rest).last_hidden_state
+        before = width - K - 1 + columns  # left padding: the logit before each target
+        logits = _final_logits(self.base_model.config, self._head(hidden[rows_at, before]).float())
+        logits = logits / self.temperature
+        targets = input_ids[rows_at, before + 1]
+        kept = logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        logprobs = kept.new_zeros((len(rows), K)).index_put((rows_at, columns), kept)
         return logprobs, mask.to(self.device)
 
     # ------------------------------------------------------------------ update

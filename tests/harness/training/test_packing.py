@@ -377,3 +377,31 @@ def test_shared_prefix_only_where_it_is_common_long_and_leaves_a_prompt_token(tm
     assert SharedPrefix.of([row([7] + start), row(start + [5])], model) is None
     model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
     assert SharedPrefix.of([row(start + [30, 31]), row(start + [32])], model) is None
+
+
+def test_token_logprobs_are_each_rows_own_forward_pass(tmp_path):
+    """Logits only at each row's trained tokens (``token_logprobs``), rows of other lengths and
+    masks padded into one batch: each trained token's log-prob is that of the row's own unpadded
+    forward pass, by hand (log-softmax of the full logits); untrained places hold 0."""
+    directory = build_tiny_model(tmp_path / "tiny")
+    learner = _lora_learner(directory, share_prefix=False)
+    trajectories = [_play(HFBackend(directory, dtype="float32", device="cpu"), seed=s)
+                    for s in range(4, 7)]
+    rows = _rows(trajectories[:2], [0.9, -0.3], packed=True) + \
+        _rows(trajectories[2:], [0.5], packed=False)
+    assert len({len(r.prompt_ids) + len(r.completion_ids) for r in rows}) > 1
+    learner.model.eval()
+    with torch.no_grad():
+        logprobs, mask = learner.token_logprobs(rows)
+        K = logprobs.shape[1]
+        for i, r in enumerate(rows):
+            ids = torch.tensor([r.prompt_ids + r.completion_ids])
+            by_hand = torch.log_softmax(learner.model(input_ids=ids).logits[0].float(), dim=-1)
+            n = len(r.completion_ids)
+            targets = ids[0, -n:]
+            expected = by_hand[-n - 1:-1].gather(-1, targets[:, None])[:, 0]
+            flags = torch.tensor(r.completion_mask or [1] * n, dtype=torch.bool)
+            got = logprobs[i, K - n:]
+            assert torch.allclose(got[flags], expected[flags], atol=1e-5)
+            assert bool((got[~flags] == 0).all()) and bool((logprobs[i, :K - n] == 0).all())
+            assert bool((mask[i, K - n:].bool() == flags).all())
