@@ -166,3 +166,41 @@ def test_crl_train_and_eval_on_the_tiny_model_are_quiet_unless_verbose(tmp_path)
                              capture_output=True, text=True, cwd=ROOT, env=_env())
     assert verbose.returncode == 0, verbose.stderr
     assert "Loading weights" in verbose.stderr
+
+
+@pytest.mark.slow
+def test_crl_demo_on_the_tiny_model_prints_no_warning(tmp_path):
+    """The whole ``crl demo`` (the scripted table, the warm start's held-out levels, a training
+    step, the trained actor's levels, the test-time check) on the tiny model: no line of its
+    output is a warning or a library's load bar."""
+    pytest.importorskip("peft")
+    from crl_harness.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")
+    script = textwrap.dedent(f"""
+        from crl_harness.config.schema import LoRAConfig
+        from crl_harness.models.hf import HFBackend
+        from crl_harness.training.learner import PolicyLearner
+
+        for role in ("actor", "extractor"):
+            backend = HFBackend({str(model)!r}, dtype="float32", device="cpu")
+            PolicyLearner(backend.model, lr=1e-3, max_grad_norm=1.0, temperature=1.0,
+                          micro_batch_size=2, lora=LoRAConfig(enabled=True)).save_adapter(
+                {str(tmp_path / "warm")!r} + "/" + role, {str(model)!r})
+    """)
+    made = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, env=_env())
+    assert made.returncode == 0, made.stderr
+    demo = subprocess.run(
+        [sys.executable, "-m", "crl_harness.cli", "demo", "--envs", "CRL/Sokoban-v0",
+         "--episodes", "1", "--eval-levels", "2", "--test-time-levels", "1",
+         "--out", str(tmp_path / "demo"), f"warmstart.model=hf:{model}",
+         f"warmstart.output_dir={tmp_path / 'warm'}", "actor.dtype=float32",
+         "extractor.dtype=float32", "actor.rollout_engine=hf", "extractor.rollout_engine=hf",
+         "tasks.groups_per_step=1", "tasks.group_size=2", "tasks.guided_per_group=1",
+         "tasks.new_per_step=1", "actor.max_new_tokens=8", "extractor.max_new_tokens=8",
+         "run.steps=2", "run.torch_threads=1", "arm=static"],  # 2 steps: too short to co-evolve
+        capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=900)
+    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    assert "held-out" in demo.stdout
+    assert _third_party_noise(demo.stdout + demo.stderr) == []
