@@ -78,14 +78,17 @@ def extractor_quality(cfg, extractor: str, episodes: int, out: Path) -> None:
         {"extractor": extractor, "episodes": episodes, "results": results}, indent=2))
 
 
-def run_arm(levels: int, quality_episodes: int, *run: object) -> None:
-    """Train one run (``run_config``'s arguments), then play the checkpoint its trainer returned
+def run_arm(levels: int, quality_episodes: int, report_to: list[str], *run: object) -> None:
+    """Train one run (``run_config``'s arguments), its step metrics also to the services of
+    ``report_to`` as ``crl train --report-to`` logs them, then play the checkpoint its trainer returned
     on ``levels`` held-out levels without a bank; its metrics.jsonl and heldout.json are what
     the tables read. A run whose extractor trained (co-evolve) saves it (``extractor_hf``) and
     measures its quality on ``quality_episodes`` episodes. A missing model or data, or a full
     disk, ends the process with one line, as ``crl`` does."""
     from crl_envs.errors import UserFacingError
+    from crl_harness.config import config_to_dict
     from crl_harness.heldout import evaluate_levels
+    from crl_harness.tracking import open_trackers
     from crl_harness.trainer import Trainer
     from crl_harness.training.checkpoint import actor_adapter_base
 
@@ -94,7 +97,14 @@ def run_arm(levels: int, quality_episodes: int, *run: object) -> None:
     start = time.perf_counter()
     try:
         trainer = Trainer(cfg)
-        trainer.train()
+        # as crl train: opened once the trainer has made the run folder, which W&B writes into
+        trackers = open_trackers(report_to, name=f"{cfg.name}-{cfg.arm}-seed{cfg.run.seed}",
+                                 run_dir=run_dir, config=config_to_dict(cfg))
+        trainer.on_step = trackers.log
+        try:
+            trainer.train()
+        finally:
+            trackers.close()
         actor = trainer.last_checkpoint / "actor_hf"
         outcomes = evaluate_levels(cfg, f"hf:{actor}", {"held-out": (heldout_seeds(cfg, levels),
                                                                      False)}, run_dir / "eval")
@@ -171,7 +181,7 @@ def train_all(runs: list[tuple[str, int]], args: argparse.Namespace, out: Path,
                 arm, seed = waiting.pop(0)
                 process = context.Process(target=run_arm, name=f"the {arm} run of seed {seed}",
                                           args=(args.eval_levels, args.extractor_quality,
-                                                args.config, arm, args.actor, seed,
+                                                args.report_to, args.config, arm, args.actor, seed,
                                                 args.steps, out, overrides))
                 process.start()
                 running[process.sentinel] = process
@@ -351,6 +361,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs trained at once, each in its own process (default 1: a "
                              "cpu-demo run peaks at 13-16 GB)")
+    parser.add_argument("--report-to", nargs="+", default=[], choices=["wandb", "mlflow"],
+                        help="also log each run's step metrics to wandb and/or mlflow, one "
+                             "tracked run per arm and seed (as crl train --report-to; the "
+                             "tracking extra)")
     args = parser.parse_args()
 
     if not 1 <= args.repeats <= 20 or (args.steps is not None and not 1 <= args.steps <= 10_000):
@@ -362,7 +376,14 @@ def main() -> None:
                      "answer (0 skips it)")
     if not args.arms:
         parser.error(f"--arms needs at least one of: {', '.join(ARMS)}")
+    from crl_envs.errors import UserFacingError
     from crl_harness.config import HELDOUT_RESERVED
+    from crl_harness.tracking import check_services
+
+    try:  # a missing package is one line before anything trains
+        check_services(args.report_to)
+    except UserFacingError as err:
+        parser.error(str(err))
 
     if not 1 <= args.eval_levels <= HELDOUT_RESERVED:
         parser.error(f"--eval-levels must be in 1..{HELDOUT_RESERVED}")

@@ -9,6 +9,9 @@ Holds:
   takes, for one env id (checked at once).
 - ``tasks_dataset``: a ``datasets.Dataset`` with one row per level (a ``seed`` column), so that
   the ``num_generations`` rollouts of a GRPO group play the same level.
+- ``environment_factories`` and ``mixture_dataset``: one trainer on a mixture of envs, through
+  TRL's multi-environment mode (a dict of factories keyed by env id, and a dataset whose
+  ``environment`` column names each row's env).
 - ``TOOL_FORMAT``: what the system prompt says about answering (a call of ``act``, in place of
   the rollout engine's ``<think>...</think><answer>ACTION</answer>``).
 
@@ -33,9 +36,10 @@ Example (the env side, as TRL drives it):
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import numbers
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -45,7 +49,8 @@ from crl_envs.errors import missing_extra
 from crl_harness.experience.entries import clean_text
 from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env
 
-__all__ = ["CRLEnvironment", "environment_factory", "tasks_dataset", "TOOL_FORMAT"]
+__all__ = ["CRLEnvironment", "environment_factory", "environment_factories", "tasks_dataset",
+           "mixture_dataset", "TOOL_FORMAT"]
 
 TOOL_FORMAT = (
     "To act, call the act tool with ONE ACTION written as the rules above say; it returns what "
@@ -160,6 +165,21 @@ def environment_factory(env_id: str, **make_kwargs: Any) -> Callable[[], CRLEnvi
     return make
 
 
+def environment_factories(env_ids: Iterable[str], **make_kwargs: Any
+                          ) -> dict[str, Callable[[], CRLEnvironment]]:
+    """The dict ``environment_factory`` of TRL's multi-environment mode: env id -> the factory of
+    ``environment_factory(env_id, **make_kwargs)``. Give the trainer ``mixture_dataset(...)``,
+    whose ``environment`` column names each row's env (any iterable of ids does, e.g. the
+    mapping given to ``mixture_dataset``). Every id is checked here, at once.
+
+    Example:
+        >>> sorted(environment_factories(["CRL/Sokoban-v0", "CRL/Sokoban-v0"]))
+        ['CRL/Sokoban-v0']
+    """
+    ids = _checked_env_ids(env_ids, "environment_factories")
+    return {env_id: environment_factory(env_id, **make_kwargs) for env_id in ids}
+
+
 def tasks_dataset(seeds: int | Iterable[int], options: Sequence[dict[str, Any]] | None = None):
     """A ``datasets.Dataset`` for ``GRPOTrainer(train_dataset=...)``: one row per level, with an
     empty user message as the prompt (``CRLEnvironment.reset`` fills it) and the level's
@@ -176,8 +196,7 @@ def tasks_dataset(seeds: int | Iterable[int], options: Sequence[dict[str, Any]] 
     from datasets import Dataset
 
     seeds = _checked_seeds(seeds)
-    columns: dict[str, list[Any]] = {
-        "prompt": [[{"role": "user", "content": ""}] for _ in seeds], "seed": seeds}
+    columns = _level_columns(seeds)
     if options is not None:
         if len(options) != len(seeds):
             raise ValueError(f"tasks_dataset: {len(options)} options for {len(seeds)} seeds.")
@@ -185,22 +204,71 @@ def tasks_dataset(seeds: int | Iterable[int], options: Sequence[dict[str, Any]] 
     return Dataset.from_dict(columns)
 
 
-def _checked_seeds(seeds: int | Iterable[int]) -> list[int]:
-    """``tasks_dataset``'s seeds as a list, or the one-line error of what is wrong with them."""
+def mixture_dataset(levels: Mapping[str, int | Iterable[int]]):
+    """A ``datasets.Dataset`` for one ``GRPOTrainer`` on a mixture of envs: for each env id, its
+    levels (the seeds, or a count: ``range(count)``, as ``tasks_dataset`` takes them), each row
+    with an ``environment`` column naming its env, which TRL's multi-environment mode routes to
+    that env's factory (``environment_factories(levels)``). The envs' rows alternate (one of
+    each env in turn while each lasts), so a mixture stays mixed even unshuffled.
+
+    Example:
+        >>> rows = mixture_dataset({"CRL/Sokoban-v0": [7, 8], "CRL/MiniHackRoom-v0": 1})
+        >>> [(row["environment"], row["seed"]) for row in rows]
+        [('CRL/Sokoban-v0', 7), ('CRL/MiniHackRoom-v0', 0), ('CRL/Sokoban-v0', 8)]
+    """
+    if not isinstance(levels, Mapping):
+        raise TypeError("mixture_dataset: levels must map env ids to seeds (or counts), got "
+                        f"{type(levels).__name__} {str(levels)[:40]!r}.")
+    _checked_env_ids(levels, "mixture_dataset")
+    per_env = [[(env_id, seed) for seed in _checked_seeds(seeds, f"mixture_dataset[{env_id!r}]")]
+               for env_id, seeds in levels.items()]
+    _require_trl()
+    from datasets import Dataset
+
+    rows = [row for turn in itertools.zip_longest(*per_env) for row in turn if row is not None]
+    columns = _level_columns([seed for _, seed in rows])
+    columns["environment"] = [env_id for env_id, _ in rows]
+    return Dataset.from_dict(columns)
+
+
+def _level_columns(seeds: list[int]) -> dict[str, list[Any]]:
+    """The dataset columns of one row per level: the empty prompt ``reset`` fills, the seed."""
+    return {"prompt": [[{"role": "user", "content": ""}] for _ in seeds], "seed": seeds}
+
+
+def _checked_env_ids(env_ids: Iterable[str], caller: str) -> list[str]:
+    """``env_ids`` as a list of registered ids, or the one-line error of what is wrong with them
+    (a single id as a string would otherwise be iterated as its characters)."""
+    if isinstance(env_ids, (str, bytes)) or not isinstance(env_ids, Iterable):
+        raise TypeError(f"{caller}: give a list of env ids, got {type(env_ids).__name__} "
+                        f"{str(env_ids)[:40]!r}.")
+    ids = list(env_ids)
+    if not ids:
+        raise ValueError(f"{caller}: no env ids; give at least one.")
+    for env_id in ids:
+        if not isinstance(env_id, str):
+            raise TypeError(f"{caller}: an env id must be a string, got {type(env_id).__name__} "
+                            f"{str(env_id)[:40]!r}.")
+        _check_env_id(env_id)
+    return list(dict.fromkeys(ids))
+
+
+def _checked_seeds(seeds: int | Iterable[int], caller: str = "tasks_dataset") -> list[int]:
+    """``caller``'s seeds as a list, or the one-line error of what is wrong with them."""
     if isinstance(seeds, numbers.Integral) and not isinstance(seeds, bool):
         if seeds < 1:
-            raise ValueError(f"tasks_dataset: a count of seeds must be >= 1, got {seeds}.")
+            raise ValueError(f"{caller}: a count of seeds must be >= 1, got {seeds}.")
         return list(range(int(seeds)))
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
-        raise TypeError(f"tasks_dataset: seeds must be a count or a list of whole numbers, got "
+        raise TypeError(f"{caller}: seeds must be a count or a list of whole numbers, got "
                         f"{type(seeds).__name__} {str(seeds)[:40]!r}.")
     listed = list(seeds)
     if not listed:
-        raise ValueError("tasks_dataset: the list of seeds is empty; give at least one.")
+        raise ValueError(f"{caller}: the list of seeds is empty; give at least one.")
     for seed in listed:
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise TypeError(f"tasks_dataset: every seed must be a whole number, got "
+            raise TypeError(f"{caller}: every seed must be a whole number, got "
                             f"{type(seed).__name__} {str(seed)[:40]!r}.")
         if not 0 <= seed < 2**63:
-            raise ValueError(f"tasks_dataset: seeds must be in [0, 2^63), got {seed}.")
+            raise ValueError(f"{caller}: seeds must be in [0, 2^63), got {seed}.")
     return [int(seed) for seed in listed]

@@ -103,3 +103,11 @@ def test_every_extra_keeps_what_minihack_needs(index, extra):
     resolved = resolve(requirements(extra))
     if "setuptools" in resolved:
         assert _release(resolved["setuptools"]) < (82,), f"[{extra}] brings {resolved['setuptools']}"
+
+
+def test_the_serving_extra_asks_for_the_train_extras_transformers():
+    """``transformers serve`` (the serving extra) serves with the transformers crl trains with."""
+    extras = _project()["optional-dependencies"]
+    [train] = [r for r in extras["train"] if r.startswith("transformers")]
+    [serving] = [r for r in extras["serving"] if r.startswith("transformers")]
+    assert serving == train.replace("transformers", "transformers[serving]", 1)

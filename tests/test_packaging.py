@@ -181,3 +181,74 @@ def test_wheel_installs_assets_that_an_installed_copy_finds(tmp_path, wheel):
                          capture_output=True, text=True, cwd=elsewhere, env=_clean_env())
     assert run.returncode == 0, run.stderr
     assert "CRL/Sokoban-v0" in run.stdout
+
+
+# README's commands for MiniHack with training, in its order ("Installing into your own project"):
+# the [minihack] extra, then torch's CPU build, then [minihack,train]. Installed that way, torch
+# once pulled setuptools 84, and minihack then failed to import (no pkg_resources).
+README_MINIHACK_INSTALL = (
+    "pip install './crl-gym[minihack]' 'hydra-core==1.3.8'",
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+    "pip install './crl-gym[minihack,train]'",
+)
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+
+MAKE_EVERY_MINIHACK_ID = textwrap.dedent("""
+    import gymnasium
+
+    import crl_envs  # noqa: F401  (registers the CRL ids)
+    import torch
+
+    ids = sorted(i for i in gymnasium.registry if i.startswith("CRL/MiniHack"))
+    assert len(ids) >= 4, ids
+    for env_id in ids:
+        env = gymnasium.make(env_id)
+        env.reset(seed=0)
+        env.close()
+    print("made", " ".join(ids), "torch", torch.__version__)
+""")
+
+
+def _reachable(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=15):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_readme_minihack_install_order_makes_every_minihack_id(tmp_path, wheel):
+    """The wheel installed into a fresh venv by README's MiniHack commands, in README's order, with
+    their dependencies from the package index: every CRL/MiniHack id makes and resets there.
+    About 3 minutes with pip's cache warm (torch's CPU wheel and transformers are most of it)."""
+    readme = (ROOT / "README.md").read_text()
+    at = [readme.find(f"\n{command} ") for command in README_MINIHACK_INSTALL]
+    assert -1 not in at and at == sorted(at), "README's MiniHack commands changed: update this test"
+    pip = [sys.executable, "-m", "pip"]
+    probe = subprocess.run([*pip, "index", "versions", "nle"], capture_output=True, text=True,
+                           timeout=120, env=_clean_env())
+    if probe.returncode != 0:
+        pytest.skip("no package index reachable (pip index versions nle failed: "
+                    f"{(probe.stderr.strip().splitlines() or ['?'])[-1]})")
+    cpu_index_reachable = _reachable(CPU_TORCH_INDEX + "/torch/")
+    target = tmp_path / "venv"
+    venv.create(target, with_pip=False)
+    python = str(target / "bin" / "python")
+    for command in README_MINIHACK_INSTALL:
+        args = [a.strip("'").replace("./crl-gym", str(wheel)) for a in command.split()[2:]]
+        # --retries 0: where download.pytorch.org is unreachable, pip falls through to its other
+        # configured sources (a local CPU wheel) at once, instead of after five retries per name.
+        done = subprocess.run([*pip, "--python", python, "install", "-q", "--retries", "0", *args],
+                              capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                              env=_clean_env())
+        if done.returncode != 0 and "torch" in args and not cpu_index_reachable:
+            pytest.skip(f"{CPU_TORCH_INDEX} is unreachable and pip's other sources hold no torch")
+        assert done.returncode == 0, f"{command}:\n{done.stderr[-3000:]}"
+    made = subprocess.run([python, "-c", MAKE_EVERY_MINIHACK_ID], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=_clean_env())
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert "CRL/MiniHackRoom-v0" in made.stdout
+    assert "+cpu" in made.stdout, f"README's torch command installed no CPU build: {made.stdout}"

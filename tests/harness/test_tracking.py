@@ -126,3 +126,57 @@ def test_hardening_crl_train_report_to_without_its_package_is_one_line(tmp_path,
         "crl train: --report-to mlflow needs the tracking extra (No module named 'mlflow'): "
         "pip install 'crl-gym[tracking]'.\n")
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+EFFICACY = Path(__file__).resolve().parents[2] / "benchmarks" / "efficacy.py"
+
+
+@pytest.mark.slow
+def test_efficacy_reports_each_runs_step_metrics_to_wandb_and_mlflow(tmp_path, offline_services):
+    """``benchmarks/efficacy.py --report-to``: each arm and seed is one tracked run, with the
+    steps of its metrics.jsonl (the run trains in a process of its own, which the services'
+    environment variables reach)."""
+    import subprocess
+
+    from crl_harness.models.tiny import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(EFFICACY), "--out", str(out), "--steps", "2", "--repeats", "1",
+         "--arms", "none", "--eval-levels", "1", "--extractor-quality", "0",
+         "--report-to", "wandb", "mlflow", "--set", f"actor.model=hf:{tiny}",
+         "actor.lora.init_from=null", "actor.dtype=float32", "actor.max_new_tokens=4",
+         "tasks.envs.0.kwargs={max_episode_steps: 2}", "tasks.group_size=2",
+         "tasks.guided_per_group=1", "tasks.groups_per_step=1", "run.tensorboard=false"],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = out / "none-seed0"
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged] == [1, 2]
+    history = _wandb_history(run)
+    assert [h["_step"] for h in history] == [1, 2]
+    assert [h["reward/all"] for h in history] == [m["reward/all"] for m in logged]
+    client, mlflow_run = _mlflow_run(offline_services)
+    assert mlflow_run.info.run_name.endswith("-none-seed0")
+    steps = {m.step: m.value for m in client.get_metric_history(mlflow_run.info.run_id,
+                                                                "reward/all")}
+    assert steps == {m["step"]: m["reward/all"] for m in logged}
+
+
+def test_hardening_efficacy_report_to_without_its_package_is_a_usage_error(tmp_path, capsys,
+                                                                           monkeypatch):
+    """Before anything trains or a folder is made, as crl train says it."""
+    monkeypatch.syspath_prepend(str(EFFICACY.parent))
+    import efficacy
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as where the extra is not installed
+    monkeypatch.setattr(sys, "argv", ["efficacy.py", "--out", str(tmp_path / "out"),
+                                      "--report-to", "wandb"])
+    with pytest.raises(SystemExit) as stopped:
+        efficacy.main()
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "efficacy.py: error: --report-to wandb needs the tracking extra (No module named "
+        "'wandb'): pip install 'crl-gym[tracking]'.")
+    assert not (tmp_path / "out").exists()

@@ -352,8 +352,9 @@ def _free_port() -> int:
 def transformers_server(tmp_path_factory):
     """``transformers serve`` pinned to the tiny model (about 10 s to start here)."""
     pytest.importorskip("torch")
-    pytest.importorskip("fastapi", reason="transformers serve needs fastapi and uvicorn")
-    pytest.importorskip("uvicorn", reason="transformers serve needs fastapi and uvicorn")
+    needs = "transformers serve needs the serving extra: pip install 'crl-gym[serving]'"
+    pytest.importorskip("fastapi", reason=needs)
+    pytest.importorskip("uvicorn", reason=needs)
     command = shutil.which("transformers", path=str(Path(sys.executable).parent))
     if command is None:
         pytest.skip("no transformers command beside this Python")

