@@ -87,7 +87,7 @@ def run_arm(levels: int, quality_episodes: int, report_to: list[str], *run: obje
     disk, ends the process with one line, as ``crl`` does."""
     from crl_envs.errors import UserFacingError
     from crl_harness.config import config_to_dict
-    from crl_harness.heldout import evaluate_levels
+    from crl_harness.eval.heldout import evaluate_levels
     from crl_harness.tracking import open_trackers
     from crl_harness.trainer import Trainer
     from crl_harness.training.checkpoint import actor_adapter_base
@@ -223,7 +223,7 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
     """Print and return the paired endpoints: held-out success per arm against the warm start
     and between arms (pairs: level x seed), and guided against free inside training's groups."""
     from crl_harness.eval import PairedDifference, format_paired, format_rate, paired_difference
-    from crl_harness.heldout import default_cache, evaluate_levels
+    from crl_harness.eval.heldout import default_cache, evaluate_levels
     from crl_harness.training.metrics import PAIR_SETS, pooled_pairs
 
     warm_cfg = run_config(args.config, args.arms[0], args.actor, args.seed, args.steps, out,

@@ -88,7 +88,7 @@ def measure(cfg, extractor: str, dtype: str, count: int, samples: int) -> dict:
     ``extractor`` (a model spec) for each one's operations, greedy and ``samples`` times at
     ``cfg.extractor.temperature``; print and return, per label and case, how many answers were
     right, other and malformed."""
-    from crl_harness.heldout import load_actor
+    from crl_harness.eval.heldout import load_actor
 
     # on the engine training distils with (extractor.rollout_engine): vLLM answered the 96
     # prompts of 48 episodes in half of transformers' time (benchmarks/RESULTS.md)

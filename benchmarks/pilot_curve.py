@@ -54,7 +54,7 @@ def main() -> None:
 
     from crl_harness.commands import train as train_command
     from crl_harness.eval import format_paired, format_rate
-    from crl_harness.heldout import default_cache, evaluate_levels, paired
+    from crl_harness.eval.heldout import default_cache, evaluate_levels, paired
     dtype = args.dtype or cfg.actor.dtype
     t = cfg.tasks
     levels = list(range(t.heldout_offset, t.heldout_offset + args.levels))

@@ -43,7 +43,7 @@ def main() -> None:
     from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import ConfigError, load_config
     from crl_harness.eval import format_paired, format_rate
-    from crl_harness.heldout import paired
+    from crl_harness.eval.heldout import paired
     from crl_harness.training.unseen import test_time_experience, unseen_levels
 
     try:

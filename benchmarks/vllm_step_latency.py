@@ -68,7 +68,7 @@ def main() -> None:
                      f"actor.kv_cache_tokens ({cfg.actor.kv_cache_tokens}), or the engine "
                      "would preempt sequences and time their recomputation")
 
-    from crl_harness.heldout import load_actor
+    from crl_harness.eval.heldout import load_actor
 
     rng = random.Random(0)
     backend = load_actor(cfg, cfg.starting_model(), cfg.actor.dtype)

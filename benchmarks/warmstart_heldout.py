@@ -42,7 +42,7 @@ def main() -> None:
         parser.error(f"--out {out} exists; give a new folder")
 
     from crl_harness.eval import format_rate
-    from crl_harness.heldout import default_cache, env_cases, evaluate_levels
+    from crl_harness.eval.heldout import default_cache, env_cases, evaluate_levels
 
     t = cfg.tasks
     levels = list(range(t.heldout_offset, t.heldout_offset + args.levels))

@@ -15,7 +15,7 @@ from gymnasium.envs.registration import WrapperSpec, load_env_creator, register,
 
 from crl_envs.base import TEXT_CHARSET, TextEnv, Transition
 
-__all__ = ["TEXT_CHARSET", "TextEnv", "Transition", "ENV_IDS", "MAX_EPISODE_STEPS", "RIVER_STEPS",
+__all__ = ["TEXT_CHARSET", "TextEnv", "Transition", "ENV_IDS", "env_ids", "MAX_EPISODE_STEPS", "RIVER_STEPS",
            "register_envs", "env_keywords", "check_make_kwargs", "exact_retrieval_key", "winning_route"]
 
 # Hands gym.make's max_episode_steps to envs that act on their last step (applied after
@@ -56,6 +56,7 @@ _TABLE: list[dict] = [
 ]
 
 ENV_IDS: list[str] = [row["id"] for row in _TABLE]
+"""the ids of the table above (the envs this package ships); ``env_ids()`` adds any registered since"""
 MAX_EPISODE_STEPS = 100_000
 """bound on a ``max_episode_steps`` keyword (far above any benchmark's; a turn costs a reply)"""
 
@@ -66,6 +67,17 @@ def register_envs() -> None:
         if row["id"] not in registry:
             register(**row)
 
+
+
+def env_ids() -> list[str]:
+    """Every id registered in gymnasium's ``CRL`` namespace: the table's, then any registered
+    since (``gymnasium.register(id="CRL/Name-v0", ...)``), which is all a new env needs for the
+    harness to list, configure, make and evaluate it.
+
+    >>> env_ids()[:2]
+    ['CRL/MiniHackRoom-v0', 'CRL/MiniHackMaze-v0']
+    """
+    return [env_id for env_id, spec in registry.items() if spec.namespace == "CRL"]
 
 
 def env_keywords(env_id: str) -> set[str] | None:

@@ -6,7 +6,8 @@ oracles use the episode's own solution (goal product, walkthrough, gold patch), 
 ``make_oracle`` receives the env.
 
 Holds:
-- ``ScriptedAgent``: the step-at-a-time agent protocol (reset on the first observation, then act).
+- ``Agent``: the step-at-a-time agent protocol (reset on the first observation, then act) that
+  oracles, the harness's model and human agents all follow.
 - ``ORACLES`` / ``make_oracle``: each env id's scripted oracle.
 - ``Episode`` / ``play_episode``: one episode played to its end by any such agent (the loop that
   tests, benchmarks and ``crl eval`` share).
@@ -21,11 +22,11 @@ from typing import Any, Protocol
 
 import gymnasium as gym
 
-__all__ = ["ScriptedAgent", "ORACLES", "make_oracle", "Episode", "play_episode"]
+__all__ = ["Agent", "ORACLES", "make_oracle", "Episode", "play_episode"]
 
 
-class ScriptedAgent(Protocol):
-    """An agent that plays one episode at a time from observations."""
+class Agent(Protocol):
+    """Plays one episode at a time: ``reset`` on the first observation, then ``act`` each step."""
 
     def reset(self, observation: str, info: dict[str, Any]) -> None:
         """Start a new episode from the reset observation."""
@@ -48,7 +49,7 @@ ORACLES: dict[str, str] = {
 }
 
 
-def make_oracle(env_id: str, env: gym.Env) -> ScriptedAgent:
+def make_oracle(env_id: str, env: gym.Env) -> Agent:
     """Build the scripted oracle of ``env_id`` for ``env``."""
     if env_id not in ORACLES:
         raise KeyError(f"No scripted oracle for {env_id!r}; known: {', '.join(ORACLES)}.")
@@ -94,7 +95,7 @@ class Episode:
         return bool(self.info.get("won", False))
 
 
-def play_episode(env: gym.Env, agent: ScriptedAgent, seed: int | None = None,
+def play_episode(env: gym.Env, agent: Agent, seed: int | None = None,
                  options: dict[str, Any] | None = None,
                  after_step: Callable[[Episode], None] | None = None) -> Episode:
     """Reset ``env``, then step it with ``agent``'s actions until terminated or truncated.

@@ -1,7 +1,8 @@
 """Agents that play one episode at a time: the model agent, the scripted oracles, a human.
 
 Holds:
-- ``Agent``: the step-at-a-time protocol (the same as ``crl_envs.oracles.ScriptedAgent``).
+- ``Agent``: the step-at-a-time protocol (``crl_envs.oracles.Agent``, re-exported: the oracles
+  follow it too).
 - ``ModelAgent``: a model backend behind that protocol (one prompt per step, for ``crl play``;
   batched play over many episodes is ``crl_harness.rollout.RolloutEngine``).
 - ``HumanAgent``: reads actions from the terminal.
@@ -12,11 +13,11 @@ Holds:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import gymnasium as gym
 
-from crl_envs.oracles import Episode, make_oracle, play_episode
+from crl_envs.oracles import Agent, Episode, make_oracle, play_episode
 from crl_harness.models.base import ModelBackend
 from crl_harness.prompting import Conversation, parse_answer, system_prompt
 from crl_harness.rollout import (
@@ -29,14 +30,6 @@ from crl_harness.rollout import (
 )
 
 __all__ = ["Agent", "ModelAgent", "HumanAgent", "make_agent", "run_episode"]
-
-
-class Agent(Protocol):
-    """Plays one episode at a time: ``reset`` on the first observation, then ``act`` each step."""
-
-    def reset(self, observation: str, info: dict[str, Any]) -> None: ...
-
-    def act(self, observation: str, info: dict[str, Any]) -> str: ...
 
 
 class ModelAgent:

@@ -248,7 +248,7 @@ def test_hardening_efficacy_reuse_refuses_a_tampered_run_folder_in_one_line(
     for name, text in files.items():
         (run_dir / name).write_text(text, errors="surrogateescape")
     evaluated = []
-    monkeypatch.setattr("crl_harness.heldout.evaluate_levels", lambda *a, **k: evaluated.append(a))
+    monkeypatch.setattr("crl_harness.eval.heldout.evaluate_levels", lambda *a, **k: evaluated.append(a))
     monkeypatch.setattr(sys, "argv", ["efficacy.py", "--reuse", "--out", str(tmp_path),
                                       "--arms", "none", "--repeats", "1", "--steps", "2",
                                       "--eval-levels", "2" if tamper else "3"])

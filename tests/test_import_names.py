@@ -5,6 +5,7 @@ at all: tests/test_packaging.py.)"""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -52,3 +53,25 @@ def test_the_older_name_in_a_checkout_warns_and_is_the_same_objects(tmp_path):
                 "print('ok')", tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_the_older_name_is_every_public_name_of_crl_wrappers_and_holds_no_code(tmp_path):
+    # drifted copies once lacked experience_block / with_experience: the alias re-exports them all
+    done = _run("import warnings\n"
+                "with warnings.catch_warnings():\n"
+                "    warnings.simplefilter('ignore', DeprecationWarning)\n"
+                "    import wrappers, wrappers.experience\n"
+                "import crl_wrappers, crl_wrappers.experience\n"
+                "for old, new in ((wrappers, crl_wrappers),\n"
+                "                 (wrappers.experience, crl_wrappers.experience)):\n"
+                "    assert sorted(old.__all__) == sorted(new.__all__), (old, old.__all__)\n"
+                "    missing = [n for n in new.__all__ if getattr(old, n, None) is not getattr(new, n)]\n"
+                "    assert not missing, (old.__name__, missing)\n"
+                "print('ok')", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    for module in (ROOT / "wrappers").glob("*.py"):
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        defined = [node.name for node in ast.walk(tree)
+                   if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+        assert defined == [], f"{module.name} defines {defined}: re-export crl_wrappers instead"

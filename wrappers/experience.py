@@ -1,13 +1,5 @@
 """Deprecated: the older import name of ``crl_wrappers.experience`` (importing it warns, through
-``wrappers``): the same objects."""
+``wrappers``): its public names, the same objects."""
 
-from crl_wrappers.experience import (
-    DEFAULT_HEADER,
-    ExperienceAugmentation,
-    ExperienceItem,
-    Retriever,
-    retrieval_query,
-)
-
-__all__ = ["ExperienceItem", "Retriever", "ExperienceAugmentation", "DEFAULT_HEADER",
-           "retrieval_query"]
+from crl_wrappers.experience import *  # noqa: F403 - the alias is the module's public names
+from crl_wrappers.experience import __all__  # noqa: F401

@@ -132,7 +132,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     against one without (``test_time_experience``); prints them with their paired differences
     and writes every level's outcome to ``out/levels.json``. Returns that checkpoint."""
     from crl_harness.commands import train as train_command
-    from crl_harness.heldout import default_cache, env_cases, evaluate_levels, paired
+    from crl_harness.eval.heldout import default_cache, env_cases, evaluate_levels, paired
     from crl_harness.models.names import resolve_model_path
     from crl_harness.warmstart import run_warmstart
 
@@ -200,7 +200,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
 def _pooled(cfg: Any, differences: dict[str, Any]) -> dict[str, Any]:
     """For a mixture, each level set's paired differences (``NAME/ENV``) pooled over the envs
     (``heldout.pooled``); nothing for one env."""
-    from crl_harness.heldout import pooled
+    from crl_harness.eval.heldout import pooled
 
     if len(cfg.tasks.envs) == 1:
         return {}

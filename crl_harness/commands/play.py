@@ -19,7 +19,7 @@ from crl_harness.commands.checks import check_range
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("env_id", help=f"one of: {', '.join(crl_envs.ENV_IDS)}")
+    parser.add_argument("env_id", help=f"one of: {', '.join(crl_envs.env_ids())}")
     parser.add_argument("--seed", type=int, default=None, help="episode seed (default: random)")
     parser.add_argument("--episodes", type=int, default=1, help="episodes to play (default 1)")
 
@@ -77,8 +77,8 @@ def play(env_id: str, seed: int | None = None, episodes: int = 1,
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.env_id not in crl_envs.ENV_IDS:
-        print(f"Unknown env id {args.env_id!r}. Choose one of: {', '.join(crl_envs.ENV_IDS)}",
+    if args.env_id not in crl_envs.env_ids():
+        print(f"Unknown env id {args.env_id!r}. Choose one of: {', '.join(crl_envs.env_ids())}",
               file=sys.stderr)
         return 2
     check_range("--seed", args.seed, 0, 2**63 - 1)  # gymnasium takes seeds >= 0

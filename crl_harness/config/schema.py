@@ -401,7 +401,7 @@ class TrainConfig:
         retrieval at their key."""
         import crl_envs
 
-        return tuple(e.id for e in self.tasks.envs if e.id in crl_envs.ENV_IDS
+        return tuple(e.id for e in self.tasks.envs if e.id in crl_envs.env_ids()
                      and crl_envs.exact_retrieval_key(e.id))
 
     def starting_model(self, role: str = "actor") -> str:

@@ -97,8 +97,8 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         fail("tasks.envs", "the weights add up to more than a float holds; they are relative, "
              "so scale them down (e.g. 1 and 3)")
     for i, env in enumerate(t.envs):
-        if env.id not in crl_envs.ENV_IDS:
-            fail(f"tasks.envs.{i}.id", f"unknown env '{env.id}'; known: {', '.join(crl_envs.ENV_IDS)}")
+        if env.id not in crl_envs.env_ids():
+            fail(f"tasks.envs.{i}.id", f"unknown env '{env.id}'; known: {', '.join(crl_envs.env_ids())}")
         if env.kwargs:
             try:
                 crl_envs.check_make_kwargs(env.id, env.kwargs)

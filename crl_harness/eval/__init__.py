@@ -19,6 +19,9 @@ Holds, from its modules:
 - ``report``: ``EnvSummary`` / ``summarize`` (per-env success rate, mean steps of successes,
   invalid-action and format-failure rates, generated tokens, errors), ``write_report`` (JSON),
   ``plot_success`` (bar chart PNG), ``render_table`` (rich).
+- ``heldout`` (imported by name, not here: it loads models): ``evaluate_levels``, an actor's
+  greedy outcome on each held-out level, cached for a model that does not change, and
+  ``paired`` / ``pooled``, the before/after differences of ``crl demo`` and the benchmarks.
 """
 
 from crl_harness.eval.episodes import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from crl_envs import ENV_IDS
+from crl_envs import env_ids
 from crl_envs.errors import UserFacingError
 from crl_harness.rollout import EpisodeSpec
 
@@ -30,8 +30,8 @@ def expand_env_ids(text: str) -> list[str]:
         if not part:
             continue
         if part == "all":
-            ids.extend(ENV_IDS)
-        elif part in ENV_IDS:
+            ids.extend(env_ids())
+        elif part in env_ids():
             ids.append(part)
         else:
             from crl_harness.config import ConfigError, load_config
@@ -40,7 +40,7 @@ def expand_env_ids(text: str) -> list[str]:
                 ids.extend(entry.id for entry in load_config(part).tasks.envs)
             except ConfigError as err:
                 raise UserFacingError(
-                    f"'{part}' is neither an env id ({', '.join(ENV_IDS)}), 'all', nor a mixture "
+                    f"'{part}' is neither an env id ({', '.join(env_ids())}), 'all', nor a mixture "
                     f"config: {err}"
                 ) from err
     if not ids:

@@ -37,7 +37,7 @@ def test_time_experience(cfg: Any, *, actor: str, extractor: str, seeds: list[in
     import yaml
 
     from crl_harness.config import config_to_dict, load_config
-    from crl_harness.heldout import evaluate_levels
+    from crl_harness.eval.heldout import evaluate_levels
     from crl_harness.trainer import Trainer
 
     if attempts < 2:

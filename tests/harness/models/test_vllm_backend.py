@@ -143,8 +143,8 @@ def test_heldout_levels_play_on_the_configs_engine_with_its_kv_budget(tmp_path, 
     outcomes (their greedy tokens may differ)."""
     import os
 
-    from crl_harness import heldout
     from crl_harness.config import load_config
+    from crl_harness.eval import heldout
     from crl_harness.models.tiny import build_tiny_model
     from crl_harness.rollout import RolloutConfig
 
@@ -180,8 +180,8 @@ def test_heldout_levels_play_on_the_configs_engine_with_its_kv_budget(tmp_path, 
 def test_load_actor_plays_each_role_on_its_own_engine_and_kv_cache(tmp_path):
     """``extractor_quality.py`` loads the extractor as training distils with it: the role's
     ``rollout_engine`` and KV cache, whatever the actor's."""
-    from crl_harness import heldout
     from crl_harness.config import load_config
+    from crl_harness.eval import heldout
     from crl_harness.models.tiny import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "model")

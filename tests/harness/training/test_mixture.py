@@ -18,8 +18,8 @@ import torch
 import crl_envs  # noqa: F401  (registers the CRL ids)
 from crl_harness.cli import main
 from crl_harness.config import HELDOUT_RESERVED, EnvEntry, TaskConfig, load_config
+from crl_harness.eval.heldout import env_cases, evaluate_levels
 from crl_harness.experience import AddEntry, ExperienceBank, ExperienceManager
-from crl_harness.heldout import env_cases, evaluate_levels
 from crl_harness.models.tiny import build_tiny_model
 from crl_harness.rollout import EpisodeSpec, RolloutEngine, Trajectory
 from crl_harness.training.metrics import MetricsLogger, curve_panels, plot_learning_curve

@@ -150,9 +150,9 @@ def test_resume_with_another_arm_changes_nothing(model, finished_run):
 
 
 def test_demo_evaluates_the_checkpoint_its_training_returned(model, tmp_path, monkeypatch):
-    from crl_harness import heldout
     from crl_harness.commands import demo
     from crl_harness.commands import train as train_command
+    from crl_harness.eval import heldout
 
     returned, played = [], []
     train, evaluate_levels = train_command.train, heldout.evaluate_levels
@@ -184,46 +184,6 @@ def test_paired_interval_and_mcnemar_p_match_a_hand_computation():
     assert d.interval == pytest.approx((0.25 - 1.96 * se, 0.25 + 1.96 * se))
     assert d.mcnemar_p == pytest.approx(2 * (1 + 9 + 36) / 2**9)
     assert PairedDifference(n=10, a_wins=3, b_wins=3, only_a=0, only_b=0).mcnemar_p == 1.0
-
-
-def test_warm_start_cache_is_free_the_second_time_and_invalidated_by_the_adapter(
-        model, tmp_path, monkeypatch):
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    from crl_harness import eval as eval_module
-    from crl_harness.heldout import evaluate_levels
-
-    actor = tmp_path / "actor"
-    shutil.copytree(model, actor)
-    plays = []
-    evaluate = eval_module.evaluate
-    monkeypatch.setattr(eval_module, "evaluate",
-                        lambda agent, specs, **k: plays.append(len(specs))
-                        or evaluate(agent, specs, **k))
-    cfg = load_config(None, _overrides(model, tmp_path / "run"))
-    cases = {"held-out": ([50_000_000, 50_000_001], False)}
-
-    def before(config=cfg, dtype="auto"):
-        return evaluate_levels(config, f"hf:{actor}", cases, tmp_path / "out",
-                               cache=tmp_path / "cache", dtype=dtype)
-
-    first = before()
-    assert plays == [2] and set(first["held-out"]) == {50_000_000, 50_000_001}
-    assert before() == first and plays == [2]  # cached: nothing played
-    weights = load_file(actor / "model.safetensors")
-    name = next(iter(weights))
-    weights[name] = weights[name] + 0.01
-    save_file(weights, actor / "model.safetensors", metadata={"format": "pt"})
-    before()
-    assert plays == [2, 2]  # the changed weights are played again
-    other_env = load_config(None, [*_overrides(model, tmp_path / "run"),
-                                   "tasks.envs.0.kwargs={max_episode_steps: 3}"])
-    before(other_env)
-    assert plays == [2, 2, 2]  # as are other env kwargs
-    before(dtype="bfloat16")
-    assert plays == [2, 2, 2, 2]  # and another dtype of the weights (crl demo's bf16)
 
 
 # ------------------------------------------------------------------ hardening

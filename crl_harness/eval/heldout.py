@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from crl_harness.eval import PairedDifference, paired_difference
+from crl_harness.eval.intervals import PairedDifference, paired_difference
 
 __all__ = ["evaluate_levels", "load_actor", "env_cases", "paired", "pooled", "model_hash", "default_cache"]
 
