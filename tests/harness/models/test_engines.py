@@ -164,7 +164,7 @@ def test_an_engine_is_one_table_row(monkeypatch):
     """A test engine registered from here (its load and its weight sync are the row's) is what
     ``choose_engine``, the local placement (sampling and pushing weights) and the held-out
     evaluation's loading use: no other file names it."""
-    from crl_harness.heldout import load_actor
+    from crl_harness.eval.heldout import load_actor
     from crl_harness.training.placement import LocalPlacement
 
     loaded = []
