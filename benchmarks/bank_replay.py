@@ -89,7 +89,7 @@ def replay_bank(cfg: Any, entries: list[Any]) -> tuple[list[LessonReplay], dict[
     import gymnasium as gym
 
     import crl_envs  # noqa: F401  (registers the ids)
-    from crl_harness.warmstart.data import route_of
+    from crl_harness.warmstart.routes import route_of
 
     env_entry = cfg.tasks.envs[0]
     env = gym.make(env_entry.id, **env_entry.kwargs)
@@ -129,7 +129,7 @@ def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) ->
     from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
     from crl_harness.experience.retrieval import RetrievalConfig
     from crl_harness.rollout import make_env
-    from crl_harness.warmstart.data import route_of
+    from crl_harness.warmstart.routes import route_of
 
     env_entry = cfg.tasks.envs[0]
     seeds_of = levels_of_keys(keys)

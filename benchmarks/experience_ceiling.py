@@ -115,7 +115,7 @@ def main() -> None:
 def _played_route(trajectory, lesson) -> bool:
     """Whether the episode's first moves are the whole route of ``lesson`` ("from the start,
     play east, south.")."""
-    from crl_harness.warmstart.data import route_of
+    from crl_harness.warmstart.routes import route_of
 
     route = route_of(lesson)[1]
     return [t.action for t in trajectory.turns[:len(route)]] == route

@@ -44,7 +44,8 @@ class LevelEntries:
 def level_entries(cfg, seeds: list[int], tokenizer) -> tuple[list[int], dict, dict]:
     """The levels with a first observation of their own and a route the oracle found; their
     correct and wrong entries keyed by that observation."""
-    from crl_harness.warmstart.data import earlier_route, route_advice
+    from crl_harness.warmstart.data import earlier_route
+    from crl_harness.warmstart.routes import route_advice
 
     env = cfg.tasks.envs[0]
     found = {}

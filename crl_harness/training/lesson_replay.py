@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from crl_harness.rollout import Trajectory
-from crl_harness.warmstart.data import route_moves
+from crl_harness.warmstart.routes import route_moves
 
 __all__ = ["LessonReplay"]
 

@@ -2,9 +2,7 @@
 
 Holds ``play_oracle_episode`` (one episode through the engine's own ``LiveEpisode``: same env
 wrappers, system prompt, history and chat template; the replies are the oracle's actions with a
-reason read from the observations), ``route_advice`` (the experience entry "winning moves of an
-earlier attempt at this level"), ``winning_route`` (the shortest route an earlier attempt's
-observations show), ``earlier_route`` (that attempt and its entry), ``actor_episodes`` (the mix
+reason read from the observations), ``earlier_route`` (an earlier attempt at a level and its route lesson, ``crl_harness.warmstart.routes``), ``actor_episodes`` (the mix
 of plain, noisy and advised episodes),
 ``extractor_episodes`` (episodes for the extractor, as many of each answer class as of the
 others), ``answer_class``, ``extractor_prompt`` (the Experience Manager's distillation prompt
@@ -20,19 +18,18 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-import crl_envs
-from crl_envs.minihack.render import level_key
 from crl_envs.oracles import make_oracle
 from crl_harness.experience.distill import DistillationRequest, distill_prompt
 from crl_harness.experience.entries import ExperienceEntry
 from crl_harness.models.base import encode_chat
 from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env, transcript_of
 from crl_harness.warmstart.reasons import REASONS, random_reason
+from crl_harness.warmstart.routes import advice_check, route_advice, route_content, winning_route
 
-__all__ = ["AdvisedEpisode", "route_advice", "advice_check", "winning_route", "earlier_route",
+__all__ = ["AdvisedEpisode", "earlier_route",
            "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_case", "answer_class",
            "class_quotas", "extractor_episodes", "extractor_prompt", "extractor_sample",
-           "reply_ids", "route_of", "route_moves", "taught_answer"]
+           "reply_ids", "taught_answer"]
 
 EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
 STRAY_NOISE = 1.0
@@ -61,102 +58,6 @@ class _FixedAdvice:
 
     def retrieve(self, env_id: str, query: str, k: int) -> list[ExperienceEntry]:
         return [self.entry][:k]
-
-
-def route_advice(env_id: str, start_observation: str, moves: list[str],
-                 entry_id: str = "advice", task: str = "", key: str = "") -> ExperienceEntry:
-    """The lesson "from the start, play MOVES", keyed by where the episode started.
-
-    The title carries what the next episode at this level retrieves with, so that it finds this
-    entry: the level's retrieval ``key`` (``Trajectory.retrieval_key``: Sokoban's goal and
-    layout; MiniHack's ``level_key`` of the start observation, found from it when not given),
-    else the episode's ``task`` (WebShop's instruction, ALFWorld's task sentence: the key of envs
-    whose levels differ by task). Levels with one shared task (Sokoban) need their key, or every
-    lesson of the env has one title.
-
-    >>> route_advice("CRL/WebShop-v0", "WebShop [SEP] ...", ["search[red mug]", "click[buy now]"],
-    ...              task="Find me a red mug").title
-    'Winning moves for: Find me a red mug'
-    """
-    key = key or level_key(start_observation)
-    title = (f"{_ROUTE_TITLE}{key}" if key
-             else f"Winning moves for: {task}" if task else "Winning moves of this level")
-    return ExperienceEntry(entry_id, env_id, title, _route_content(moves))
-
-
-def _route_content(moves: list[str]) -> str:
-    return f"{_ROUTE_CONTENT}{', '.join(moves)}."
-
-
-_ROUTE_TITLE = "Winning moves from "
-_ROUTE_CONTENT = "from the start, play "
-
-
-def route_of(entry: ExperienceEntry) -> tuple[str, list[str]] | None:
-    """The level key and the moves of a keyed lesson ``route_advice`` writes (its inverse);
-    ``None`` for any other entry (a lesson in words, a title without a key).
-
-    >>> route_of(route_advice("CRL/MiniHackRoom-v0", "You (@) are at x=39, y=9.", ["west", "south"]))
-    ('x=39, y=9; in view: nothing notable', ['west', 'south'])
-    >>> route_of(ExperienceEntry("e", "CRL/MiniHackRoom-v0", "Walls", "Avoid the walls.")) is None
-    True
-    """
-    if not entry.title.startswith(_ROUTE_TITLE) or not entry.content.startswith(_ROUTE_CONTENT):
-        return None
-    moves = [m.strip() for m in entry.content.removeprefix(_ROUTE_CONTENT).rstrip(".").split(",")]
-    return (entry.title.removeprefix(_ROUTE_TITLE), moves) if all(moves) else None
-
-
-def route_moves(text: str) -> list[str] | None:
-    """The moves of the first route lesson (``route_advice``'s form) inside ``text`` (an
-    experience block, an entry's text); None where it holds none.
-
-    >>> route_moves("Winning moves from x=39, y=9: from the start, play west, south.")
-    ['west', 'south']
-    >>> route_moves("Walls: avoid them.") is None
-    True
-    """
-    start = text.find(_ROUTE_CONTENT)
-    if start < 0:
-        return None
-    body = text[start + len(_ROUTE_CONTENT):].split("\n", 1)[0].strip()
-    moves = [m.strip() for m in body.split(".", 1)[0].split(",")]
-    return moves if all(moves) else None
-
-
-def advice_check(entry: ExperienceEntry, observation: str) -> str | None:
-    """Whether a route lesson fits the level, said the way the actor can check it: the start
-    cell (and what was in view there) of the first observation, then the lesson title's, so that
-    the two stand side by side before the reply decides (": mine" or ": set aside"; with the
-    advice's cell written before its own, an actor sampling at T=0.99 set its own level's lesson
-    aside in 6 of 32 episodes of a probe). ``None`` where the title or the observation carries no
-    MiniHack level key.
-
-    >>> entry = route_advice("CRL/MiniHackRoom-v0", "You (@) are at x=39, y=9. HP 12/12.", ["west"])
-    >>> advice_check(entry, "You (@) are at x=38, y=12. HP 12/12.")
-    'I start at x=38, y=12; the advice is from x=39, y=9'
-    """
-    mine = level_key(observation)
-    if mine is None or not entry.title.startswith(_ROUTE_TITLE):
-        return None
-    theirs = entry.title.removeprefix(_ROUTE_TITLE)
-    my_cell, _, my_view = mine.partition("; in view: ")
-    their_cell, _, their_view = theirs.partition("; in view: ")
-    if their_cell != my_cell or theirs == mine:
-        return f"I start at {my_cell}; the advice is from {their_cell}"
-    return f"I start at {my_cell} seeing {my_view}; the advice saw {their_view}"
-
-
-def winning_route(trajectory: Trajectory) -> list[str]:
-    """The moves from the start to the goal that a won attempt's observations show.
-
-    MiniHack Room and Maze: a shortest walk from the start over the floor cells the attempt saw
-    (``crl_envs.winning_route``: exploring in the dark wanders; the lesson should not), the
-    route the transcript's "[Shortest route to the goal]" line states. Otherwise (Sokoban): the
-    attempt's own moves.
-    """
-    route = crl_envs.winning_route(trajectory.env_id, [t.observation for t in trajectory.turns])
-    return route or [t.action or "" for t in trajectory.turns]
 
 
 def reply_ids(tokenizer: Any, text: str) -> list[int]:
@@ -417,7 +318,7 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
             continue
         other, moves = rng.choice(foreign)
         if wants("downvote") and moves != route:
-            wrong = replace(entry, id=f"wrong-{seed}", content=_route_content(moves))
+            wrong = replace(entry, id=f"wrong-{seed}", content=route_content(moves))
             lost_following(seed, wrong, moves, "downvote")
         if wants("misled"):
             lost_following(seed, other, moves, "misled")

@@ -22,15 +22,13 @@ from crl_harness.warmstart import WarmStartError, run_warmstart
 from crl_harness.warmstart.data import (
     ANSWER_CLASSES,
     actor_episodes,
-    advice_check,
     answer_class,
     class_quotas,
     extractor_episodes,
     extractor_sample,
     play_oracle_episode,
-    route_advice,
-    winning_route,
 )
+from crl_harness.warmstart.routes import advice_check, route_advice, winning_route
 from crl_harness.warmstart.sft import sample_rows
 
 ROOM = "CRL/MiniHackRoom-v0"
