@@ -4,7 +4,10 @@ declared beside its default (``schema``), checked after loading (``validation``)
 Holds:
 - ``choice``: a ``str`` field that takes one of a fixed set of values;
 - ``bounded``: a numeric field with lower and/or upper bounds, and ``Bounds``, what it declares
-  (its range in words, and the message naming a value outside it).
+  (its range in words, and the message naming a value outside it);
+- ``setting_problem`` (and its parts) and ``check_settings``: a value against what its field
+  declares, the one check of a setting, whether it comes from a loaded config or is handed to a
+  runtime object (``RetrievalConfig``, ``RolloutConfig``) by code.
 
 >>> from dataclasses import dataclass, fields
 >>> @dataclass
@@ -17,10 +20,13 @@ Holds:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
-__all__ = ["choice", "bounded", "Bounds"]
+__all__ = ["choice", "bounded", "Bounds", "finite_problem", "choice_problem", "bounds_problem",
+           "setting_problem", "check_settings"]
 
 
 def choice(*values: str) -> Any:
@@ -81,3 +87,48 @@ def bounded(default: Number | None, *, ge: Number | None = None, gt: Number | No
     """A numeric field with ``default`` and ``Bounds(ge, gt, le, lt, why)``, checked after
     loading; a ``None`` default (or value) means null is allowed."""
     return field(default=default, metadata={"bounds": Bounds(ge, gt, le, lt, why)})
+
+
+def finite_problem(value: Any) -> str | None:
+    """NaN or infinity, which pass every bound's comparison, named; else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number, got nan or inf"
+    return None
+
+
+def choice_problem(declared: Field, value: Any) -> str | None:
+    """A value outside the field's ``choice``, named; else None."""
+    choices = declared.metadata.get("choices")
+    if choices is not None and value not in choices:
+        return f"invalid value {value!r}, expected one of {', '.join(choices)}"
+    return None
+
+
+def bounds_problem(declared: Field, value: Any) -> str | None:
+    """A value outside the field's ``bounded`` range, named; else None."""
+    return declared.metadata["bounds"].problem(value) if "bounds" in declared.metadata else None
+
+
+def setting_problem(declared: Field, value: Any) -> str | None:
+    """What is wrong with ``value`` for the field ``declared``: not finite, not a choice, out of
+    bounds; None when nothing is."""
+    return finite_problem(value) or choice_problem(declared, value) \
+        or bounds_problem(declared, value)
+
+
+def check_settings(section: type, prefix: str, values: Mapping[str, Any]) -> None:
+    """Check ``values`` (setting name -> value) against what ``section``'s fields declare; the
+    first bad one raises ``ValueError`` naming its config key (``prefix.name``).
+
+    >>> @dataclass
+    ... class Sampling:
+    ...     top_p: float = bounded(1.0, gt=0, le=1)
+    >>> check_settings(Sampling, "actor", {"top_p": 2.0})
+    Traceback (most recent call last):
+    ValueError: bad setting 'actor.top_p': must be in (0, 1], got 2.0
+    """
+    declared = {f.name: f for f in fields(section)}
+    for name, value in values.items():
+        problem = setting_problem(declared[name], value)
+        if problem is not None:
+            raise ValueError(f"bad setting '{prefix}.{name}': {problem}")

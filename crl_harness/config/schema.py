@@ -251,7 +251,7 @@ class ExperienceConfig:
     """extractor calls the manager runs at once (they are batched into one generate call)"""
     retrieval: str = choice("bm25", "dense")
     """released: dense embeddings; bm25 needs no embedding model"""
-    candidates: int = 16
+    candidates: int = bounded(16, ge=1)
     """top-relevance entries the diversity re-rank chooses from (released: 16)"""
     count_penalty: float = bounded(0.4, ge=0)
     """re-rank: subtracted per log(1 + times an entry was retrieved) from its relevance (released:

@@ -21,6 +21,7 @@ from dataclasses import Field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from crl_harness.config.fields import bounds_problem, choice_problem, finite_problem
 from crl_harness.config.schema import HELDOUT_RESERVED, LoRAConfig, TrainConfig
 from crl_harness.models.engines import SAMPLING_ENGINES
 
@@ -29,6 +30,7 @@ __all__ = [
     "check_lora_fits",
     "check_context_fits",
     "own_warm_start",
+    "min_query_coverage_problem",
     "SWITCHES",
 ]
 
@@ -67,17 +69,20 @@ def _declared_problem(cfg: TrainConfig) -> tuple[str, str] | None:
     NaN passes every comparison), else of the first outside what its field declares (``choice``,
     then ``bounded``: a section shared by several, ``LoRAConfig``, is reported under each key)."""
     settings = list(_settings(cfg))
-    for key, _, value in settings:
-        if isinstance(value, float) and not math.isfinite(value):
-            return key, "must be a finite number, got nan or inf"
-    for key, f, value in settings:
-        choices = f.metadata.get("choices")
-        if choices is not None and value not in choices:
-            return key, f"invalid value {value!r}, expected one of {', '.join(choices)}"
-    for key, f, value in settings:
-        problem = f.metadata["bounds"].problem(value) if "bounds" in f.metadata else None
-        if problem is not None:
-            return key, problem
+    for check in (lambda f, v: finite_problem(v), choice_problem, bounds_problem):
+        for key, f, value in settings:
+            problem = check(f, value)
+            if problem is not None:
+                return key, problem
+    return None
+
+
+def min_query_coverage_problem(retrieval: str, min_query_coverage: float | None) -> str | None:
+    """A coverage floor with an index that does not read words (``experience.retrieval`` other
+    than bm25), named; else None."""
+    if min_query_coverage and retrieval != "bm25":
+        return ("counts the query's words in an entry, which only experience.retrieval: bm25 "
+                "reads; set it 0 with dense retrieval")
     return None
 
 
@@ -120,9 +125,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     if e.initial_bank and _is_sqlite(Path(e.initial_bank).expanduser()):
         fail("experience.initial_bank", f"{e.initial_bank} is a bank file (SQLite); give its "
              "JSONL export instead, e.g. a checkpoint's bank.jsonl")
-    if e.min_query_coverage and e.retrieval != "bm25":
-        fail("experience.min_query_coverage", "counts the query's words in an entry, which "
-             "only experience.retrieval: bm25 reads; set it 0 with dense retrieval")
+    coverage = min_query_coverage_problem(e.retrieval, e.min_query_coverage)
+    if coverage is not None:
+        fail("experience.min_query_coverage", coverage)
     if cfg.arm == "none":
         for key in SWITCHES:
             if getattr(cfg.experience, key.removeprefix("experience.")):

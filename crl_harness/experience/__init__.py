@@ -20,10 +20,14 @@ Manager and its asynchronous loop").
 - ``gate``: the actor-critic gate's verdicts (accept / refine / reject) and their critic scores.
 - ``ask``: search-and-ask, the actor's queries mid-episode and the extractor's answers.
 - ``locks``: ``ReadWriteLock`` (retrievals share, bank writes exclude).
-- ``distill``: ``DistillationRequest``, ``distill_prompt`` and the extractor's job queue.
-- ``search``: the manager's batched retrieval and the indexes it searches.
+- ``track``: ``TrackState`` (the jobs and re-indexing a flush waits on) and ``Counters``.
+- ``records``: ``LessonRecords``, the writers, endorsers and use records of entries.
+- ``distill``: ``DistillationRequest``, ``distill_prompt`` and ``ExtractorJobs``, the
+  extractor's job queue.
+- ``search``: ``Retriever`` (an index per partition, coverage floor, re-rank; no thread),
+  ``SearchBatcher`` (batched serving) and ``Indexer`` (background rebuilds).
 - ``manager_config``: ``ManagerConfig``, every setting of the manager.
-- ``manager``: ``ExperienceManager`` (composing locks, search and distill).
+- ``manager``: ``ExperienceManager``, composing the objects above.
 """
 
 from crl_harness.experience.ask import AskAnswer, AskRecord, parse_ask

@@ -33,7 +33,7 @@ def export_experience(manager: ExperienceManager, directory: str | os.PathLike) 
     manager.flush()
     n = manager.bank.export_jsonl(directory / BANK_EXPORT)
     with open(directory / CREDIT_FILE, "wb") as handle:
-        pickle.dump({"ledger": manager.ledger.export(), "records": manager.export_records()},
+        pickle.dump({"ledger": manager.ledger.export(), "records": manager.records.export()},
                     handle)
     return n
 
@@ -48,7 +48,7 @@ def import_credit(manager: ExperienceManager, directory: str | os.PathLike) -> N
         saved = pickle.load(handle)
     if isinstance(saved, dict):  # the ledger and the entries' records
         manager.ledger.load(saved["ledger"])
-        manager.load_records(saved["records"])
+        manager.records.load(saved["records"])
     else:  # a checkpoint from before the records were kept: the ledger alone
         manager.ledger.load(saved)
 

@@ -5,11 +5,11 @@ Holds:
 - ``DistillationRequest``: one finished episode sent for distillation.
 - ``Extractor``: what answers the jobs (any callable ``prompt -> str`` or an object with ``.text``).
 - ``distill_prompt``: the extractor's prompt for one finished episode and the entries it was
-  shown (the manager's, and the warm start's extractor samples); ``_numbered``, the entries as
+  shown (the manager's, and the warm start's extractor samples); ``numbered_entries``, the entries as
   every extractor prompt shows them (distillation, merge, search-and-ask).
-- ``_ExtractorJobs``: the manager's job queue, its part of ``ExperienceManager``:
+- ``ExtractorJobs``: the extractor's job queue, composed by ``ExperienceManager``:
   ``max_concurrent_extractions`` threads call the extractor, parse its answer strictly and apply
-  the operations under the write lock (distillations, and merge passes over chunks of
+  the operations through the manager (distillations, and merge passes over chunks of
   ``merge_chunk`` entries); a generation whose entries were written is registered for credit.
 """
 
@@ -47,9 +47,10 @@ from crl_harness.experience.operations import (
     parse_merge,
 )
 from crl_harness.experience.prompts import load_prompt
+from crl_harness.experience.track import Counters, TrackState
 
-__all__ = ["DistillationRequest", "Extractor", "distill_prompt", "judgment_reward",
-           "episodes_to_distill"]
+__all__ = ["DistillationRequest", "Extractor", "ExtractorJobs", "distill_prompt",
+           "numbered_entries", "judgment_reward", "episodes_to_distill"]
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class DistillationRequest:
     step: int = 0
     query: str = ""
     """what the episode retrieved with (its level's key): a vote on an entry of another key
-    is not counted (``ExperienceManager.is_own``)"""
+    is not counted (``Retriever.is_own``)"""
 
 
 def _clip(text: str, limit: int) -> str:
@@ -79,7 +80,8 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters omitted ...]\n{text[-half:]}"
 
 
-def _numbered(entries: Sequence[ExperienceEntry]) -> str:
+def numbered_entries(entries: Sequence[ExperienceEntry]) -> str:
+    """``entries`` as every extractor prompt shows them, numbered from 0."""
     if not entries:
         return "(none)"
     return "\n".join(f"[{i}] {e.title}: {e.content}" for i, e in enumerate(entries))
@@ -94,7 +96,7 @@ def distill_prompt(request: DistillationRequest, shown: Sequence[ExperienceEntry
     return template.substitute(
         env_id=request.env_id, task=request.task,
         outcome="SUCCESS" if request.won else "FAILURE", score=f"{request.score:g}",
-        retrieved=_numbered(shown), max_ops=max_ops,
+        retrieved=numbered_entries(shown), max_ops=max_ops,
         transcript=_clip(request.transcript, max_transcript_chars))
 
 
@@ -142,43 +144,81 @@ def judgment_reward(ops: Sequence[Operation], won: bool) -> float:
     return sum(1.0 if up == won else -1.0 for up in verdicts) / len(verdicts)
 
 
-class _ExtractorJobs:
-    """The job methods of ``ExperienceManager`` (its base class): the queue of distillations
-    and merges and the extractor threads that run them. The manager sets the attributes below
-    and provides ``apply`` and ``_count``."""
+class ExtractorJobs:
+    """The extractor's queue of distillations and merges and the threads that run them.
 
-    bank: ExperienceBank
-    config: ManagerConfig
-    ledger: CreditLedger
-    is_own: Callable[[str, str, ExperienceEntry], bool]
-    _extractor: Extractor | None
-    _distill_template: Template
-    _merge_template: Template
-    _state: threading.Condition
-    _pending: int
-    _closed: bool
-    _jobs: queue.Queue
+    Its inputs: the ``bank`` it reads the shown entries from; ``config``'s prompt limits,
+    ``merge_chunk``, thread count and format penalty; the ``ledger`` its generations are
+    registered in; the ``track`` that counts its pending jobs; ``counters``; ``apply``, which
+    writes a job's bank changes (the manager's, under its write lock); ``is_own``, whether an
+    entry shown to an episode is its level's (a vote on another's is not counted); and the
+    ``extractor`` (``set_extractor`` replaces it). ``start`` starts the threads.
+    """
 
-    # ----------------------------------------------------------------- jobs
+    def __init__(self, bank: ExperienceBank, config: ManagerConfig, ledger: CreditLedger,
+                 track: TrackState, counters: Counters,
+                 apply: Callable[[Sequence[BankChange]], Any],
+                 is_own: Callable[[str, str, ExperienceEntry], bool],
+                 extractor: Extractor | None = None) -> None:
+        self._bank = bank
+        self._config = config
+        self._ledger = ledger
+        self._track = track
+        self._counters = counters
+        self._apply = apply
+        self._is_own = is_own
+        self.extractor = extractor
+        self._distill_template = load_prompt("experience_distill")
+        self._merge_template = load_prompt("experience_merge")
+        self._jobs: queue.Queue = queue.Queue()
+        self._threads = [threading.Thread(target=self._extract_loop, daemon=True,
+                                          name=f"experience-extract-{i}")
+                         for i in range(config.max_concurrent_extractions)]
+
+    def start(self) -> None:
+        """Start the extractor threads."""
+        for thread in self._threads:
+            thread.start()
+
+    def distill(self, request: DistillationRequest) -> None:
+        """Queue ``request`` (returns at once)."""
+        self._enqueue(("distill", request))
+
+    def merge(self, env_id: str, entry_ids: list[str]) -> None:
+        """Queue a merge of these entries of ``env_id`` (returns at once)."""
+        self._enqueue(("merge", env_id, entry_ids))
+
+    def stop(self, drop_queued: bool) -> None:
+        """Stop the threads once the jobs queued before are done (or, with ``drop_queued``,
+        dropped); call after ``track`` is closed."""
+        if drop_queued:
+            while True:
+                try:
+                    self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                self._track.job_done()
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def call(self, prompt: str) -> tuple[Any, Any] | None:
+        """The extractor's output for ``prompt`` and its text; None (counted) if it raised."""
+        extractor = self.extractor
+        if extractor is None:
+            raise RuntimeError("ExperienceManager has no extractor; call set_extractor first.")
+        try:
+            output = extractor(prompt)
+        except Exception:
+            log.exception("the extractor raised; the job applies nothing")
+            self._counters.add("extractor_errors")
+            return None
+        return output, (output if isinstance(output, str) else getattr(output, "text", output))
+
     def _enqueue(self, job: tuple) -> None:
-        with self._state:
-            if self._closed:
-                raise RuntimeError("ExperienceManager is closed; no new jobs are accepted.")
-            self._pending += 1
+        self._track.job_queued()
         self._jobs.put(job)
-
-    def _drop_queued_jobs(self) -> None:
-        while True:
-            try:
-                self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            self._job_done()
-
-    def _job_done(self) -> None:
-        with self._state:
-            self._pending -= 1
-            self._state.notify_all()
 
     def _extract_loop(self) -> None:
         while True:
@@ -192,64 +232,52 @@ class _ExtractorJobs:
                     self._merge(job[1], job[2])
             except (OSError, BankError) as err:  # a full disk, a read-only file: said in a line
                 log.error("experience job %s failed: %s", job[0], err)
-                self._count("job_errors")
+                self._counters.add("job_errors")
             except Exception:  # a bug in one job must not stop the background track
                 log.exception("experience job %s failed", job[0])
-                self._count("job_errors")
+                self._counters.add("job_errors")
             finally:
-                self._job_done()
-
-    def _call_extractor(self, prompt: str) -> tuple[Any, Any] | None:
-        extractor = self._extractor
-        if extractor is None:
-            raise RuntimeError("ExperienceManager has no extractor; call set_extractor first.")
-        try:
-            output = extractor(prompt)
-        except Exception:
-            log.exception("the extractor raised; the job applies nothing")
-            self._count("extractor_errors")
-            return None
-        return output, (output if isinstance(output, str) else getattr(output, "text", output))
+                self._track.job_done()
 
     def _distill(self, request: DistillationRequest) -> None:
-        shown = [e for e in (self.bank.get(i) for i in request.retrieved_ids) if e is not None]
-        prompt = distill_prompt(request, shown, max_ops=self.config.parse_limits.max_ops,
-                                max_transcript_chars=self.config.max_transcript_chars,
+        shown = [e for e in (self._bank.get(i) for i in request.retrieved_ids) if e is not None]
+        prompt = distill_prompt(request, shown, max_ops=self._config.parse_limits.max_ops,
+                                max_transcript_chars=self._config.max_transcript_chars,
                                 template=self._distill_template)
-        called = self._call_extractor(prompt)
+        called = self.call(prompt)
         if called is None:
             return
         output, text = called
-        self._count("distillations")
-        parsed = parse_distillation(text, len(shown), self.config.parse_limits)
+        self._counters.add("distillations")
+        parsed = parse_distillation(text, len(shown), self._config.parse_limits)
         ops = parsed.ops if parsed.ok else ()
-        own = [self.is_own(request.env_id, request.query, e) for e in shown]
+        own = [self._is_own(request.env_id, request.query, e) for e in shown]
         counted = tuple(op for op in ops if not isinstance(op, Vote) or own[op.target])
-        self._count("votes_ignored", len(ops) - len(counted))
+        self._counters.add("votes_ignored", len(ops) - len(counted))
         changes = self._changes(counted, shown, request.env_id, request.step, "distill", prompt,
                                 output, parsed.error,
                                 judged=request.won if parsed.ok and counted == ops else None)
         if changes:
-            self.apply(changes)
-            self._count("ops_applied", len(counted))
+            self._apply(changes)
+            self._counters.add("ops_applied", len(counted))
 
     def _merge(self, env_id: str, ids: list[str]) -> None:
-        shown = [e for e in (self.bank.get(i) for i in ids) if e is not None]
+        shown = [e for e in (self._bank.get(i) for i in ids) if e is not None]
         if len(shown) < 2:
             return
-        prompt = self._merge_template.substitute(env_id=env_id, entries=_numbered(shown))
-        called = self._call_extractor(prompt)
+        prompt = self._merge_template.substitute(env_id=env_id, entries=numbered_entries(shown))
+        called = self.call(prompt)
         if called is None:
             return
         output, text = called
-        self._count("merges")
-        parsed = parse_merge(text, len(shown), self.config.parse_limits)
+        self._counters.add("merges")
+        parsed = parse_merge(text, len(shown), self._config.parse_limits)
         step = max(e.created_step for e in shown)
         changes = self._changes(parsed.ops if parsed.ok else (), shown, env_id, step, "merge",
                                 prompt, output, parsed.error)
         if changes:
-            self.apply(changes)
-            self._count("ops_applied", len(parsed.ops))
+            self._apply(changes)
+            self._counters.add("ops_applied", len(parsed.ops))
 
     def _changes(self, ops: Sequence[Operation], shown: list[ExperienceEntry], env_id: str,
                  step: int, kind: str, prompt: str, output: Any,
@@ -260,11 +288,11 @@ class _ExtractorJobs:
         once, by that outcome (``judgment_reward``)."""
         generation_id = uuid.uuid4().hex
         if error is not None:
-            self._count("format_failures")
+            self._counters.add("format_failures")
             log.info("extractor %s answer rejected: %s", kind, error)
-            if self.config.format_failure_reward is not None:
-                self.ledger.register(generation_id, prompt, output, kind,  # type: ignore[arg-type]
-                                     fixed_reward=self.config.format_failure_reward)
+            if self._config.format_failure_reward is not None:
+                self._ledger.register(generation_id, prompt, output, kind,  # type: ignore[arg-type]
+                                      fixed_reward=self._config.format_failure_reward)
             return []
         changes: list[BankChange] = []
         for op in ops:
@@ -277,9 +305,9 @@ class _ExtractorJobs:
             if isinstance(op, (Add, Update, Merge, Rewrite)):
                 changes.append(AddEntry(env_id, op.title, op.content, generation_id, step))
         if any(isinstance(c, AddEntry) for c in changes):
-            self.ledger.register(generation_id, prompt, output, kind)  # type: ignore[arg-type]
+            self._ledger.register(generation_id, prompt, output, kind)  # type: ignore[arg-type]
         elif judged is not None:
-            self._count("judgments")
-            self.ledger.register(generation_id, prompt, output, kind,  # type: ignore[arg-type]
-                                 fixed_reward=judgment_reward(ops, judged))
+            self._counters.add("judgments")
+            self._ledger.register(generation_id, prompt, output, kind,  # type: ignore[arg-type]
+                                  fixed_reward=judgment_reward(ops, judged))
         return changes

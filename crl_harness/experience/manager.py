@@ -3,8 +3,10 @@ Manager and its asynchronous loop").
 
 Holds:
 - ``ExperienceManager``, the ``ExperienceClient`` of one process (``client``), which composes
-  the parts in ``locks`` (``ReadWriteLock``), ``search`` (batching and indexing) and ``distill``
-  (``DistillationRequest`` and the extractor's jobs):
+  real objects, each built from its own inputs: a ``ReadWriteLock`` (``locks``), the
+  ``LessonRecords`` (``records``), a ``Retriever``, its ``SearchBatcher`` and ``Indexer``
+  (``search``), the ``ExtractorJobs`` (``distill``) and the ``TrackState`` they share
+  (``track``):
   - retrieval (the retriever protocol of ``crl_wrappers.experience``): queries go to a queue, a
     batcher groups them (up to ``batch_size`` queries or ``batch_wait_s``, sent early once no
     query joined for ``batch_gap_s``) and ``search_workers`` threads serve the batches under the
@@ -32,14 +34,8 @@ Every public method takes and returns plain data, so the object can later run as
 
 from __future__ import annotations
 
-import queue
-import random
-import threading
-import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from crl_harness.experience.ask import NO_KNOWLEDGE, AskAnswer, answer_prompt, parse_answer_text
@@ -48,9 +44,9 @@ from crl_harness.experience.credit import CreditLedger, GenerationReward
 from crl_harness.experience.distill import (
     DistillationRequest,
     Extractor,
-    _ExtractorJobs,
-    _numbered,
+    ExtractorJobs,
     distill_prompt,
+    numbered_entries,
 )
 from crl_harness.experience.entries import (
     AddEntry,
@@ -63,21 +59,20 @@ from crl_harness.experience.entries import (
 )
 from crl_harness.experience.locks import ReadWriteLock
 from crl_harness.experience.manager_config import ManagerConfig
-from crl_harness.experience.prompts import load_prompt
-from crl_harness.experience.retrieval import (
-    BM25Index,
-    DenseIndex,
-    Embedder,
-    query_coverage,
-    tokenize,
-)
-from crl_harness.experience.search import _Query, _Search
+from crl_harness.experience.records import LessonRecords
+from crl_harness.experience.search import Indexer, Retriever, SearchBatcher
+from crl_harness.experience.track import Counters, TrackState
 
 __all__ = ["ReadWriteLock", "DistillationRequest", "ManagerConfig", "ExperienceManager",
            "Extractor", "distill_prompt"]
 
+COUNTERS = ("submitted", "distillations", "merges", "format_failures", "extractor_errors",
+            "job_errors", "ops_applied", "retrievals", "retrieval_batches", "outcomes_reported",
+            "index_rebuilds", "index_errors", "asks", "ask_format_failures", "endorsements",
+            "misses_uncredited", "votes_ignored", "judgments")
 
-class ExperienceManager(_ExtractorJobs, _Search):
+
+class ExperienceManager:
     """Owns an ``ExperienceBank``: batched retrieval, background distillation, credit.
 
     Example:
@@ -97,59 +92,27 @@ class ExperienceManager(_ExtractorJobs, _Search):
         config = config if config is not None else ManagerConfig()
         self.bank = bank
         self.config = config
-        self._extractor = extractor
-        self._distill_template = load_prompt("experience_distill")
-        self._merge_template = load_prompt("experience_merge")
-        self._embedder = Embedder(config.retrieval.embed_model) \
-            if config.retrieval.index == "dense" else None
-        self._rng = random.Random(config.seed)
-        self._rw = ReadWriteLock()
         self.ledger = CreditLedger(config.max_pending_generations)
-        self._entry_generation: OrderedDict[str, str | None] = OrderedDict()
-        self._entry_generation_lock = threading.Lock()
-        # Kept beside the bank (and in a checkpoint's ledger file): who endorsed an entry by
-        # writing it again, and how its own level's episodes ended with it.
-        self._endorsers: dict[str, list[str]] = {}
-        self._outcomes: dict[str, tuple[int, int]] = {}
+        self.records = LessonRecords(remembered=4 * bank.capacity)
+        self._counters = Counters(COUNTERS)
+        self._track = TrackState()
+        self._rw = ReadWriteLock()
         # Each live entry's text as a repeat would write it (``same_text``), kept with the bank
         # under the write lock, so an add finds the entry it repeats without reading the bank.
         self._by_text: dict[tuple[str, str], str] = {}
         self._text_of: dict[str, tuple[str, str]] = {}
         self._index_texts(bank.entries())
-        self._counters: dict[str, int] = dict.fromkeys(
-            ("submitted", "distillations", "merges", "format_failures", "extractor_errors",
-             "job_errors", "ops_applied", "retrievals", "retrieval_batches", "outcomes_reported",
-             "index_rebuilds", "index_errors", "asks", "ask_format_failures", "endorsements",
-             "misses_uncredited", "votes_ignored", "judgments"), 0)
-        self._counters_lock = threading.Lock()
-        # Jobs, pending count and index state share one condition (flush waits on all three).
-        self._state = threading.Condition()
-        self._pending = 0
-        self._dirty: set[str] = set()
-        self._indexing = False
-        self._flushing = 0
-        self._rebuilt_at: dict[str, float] = {}
-        self._closed = False
-        self._indexes: dict[str, BM25Index | DenseIndex] = {}
-        self._features: dict[str, Any] = {}  # entry id -> tokens (BM25) or vector (dense)
-        self._jobs: queue.Queue = queue.Queue()
-        self._queries: queue.Queue = queue.Queue()
-        self._busy_searches = 0
-        self._waiting = 0  # queries queued or in the batch being collected
-        self._busy_lock = threading.Lock()
-        self._search_pool = ThreadPoolExecutor(config.search_workers,
-                                               thread_name_prefix="experience-search")
-        self._threads = [threading.Thread(target=self._extract_loop, daemon=True,
-                                          name=f"experience-extract-{i}")
-                         for i in range(config.max_concurrent_extractions)]
-        self._threads.append(threading.Thread(target=self._batch_loop, daemon=True,
-                                              name="experience-batcher"))
-        self._threads.append(threading.Thread(target=self._index_loop, daemon=True,
-                                              name="experience-indexer"))
-        for env_id in bank.env_ids():
-            self._rebuild(env_id)
-        for thread in self._threads:
-            thread.start()
+        self.retriever = Retriever(bank, config.retrieval, self._rw, self.records, self._counters,
+                                   seed=config.seed)
+        self._batcher = SearchBatcher(self.retriever, config)
+        self._indexer = Indexer(self.retriever, self._track, config.reindex_interval_s,
+                                self._counters)
+        self.jobs = ExtractorJobs(bank, config, self.ledger, self._track, self._counters,
+                                  self.apply, self.retriever.is_own, extractor)
+        self._indexer.rebuild(bank.env_ids())
+        self.jobs.start()
+        self._batcher.start()
+        self._indexer.start()
 
     # ----------------------------------------------------------------- ExperienceClient
     def retrieve(self, env_id: str, query: str, k: int = 1) -> list[ExperienceEntry]:
@@ -158,21 +121,9 @@ class ExperienceManager(_ExtractorJobs, _Search):
             raise TypeError("retrieve(env_id, query, k) takes two strings and an int.")
         if k <= 0:
             return []
-        if self._closed:
+        if self._track.closed:
             raise RuntimeError("ExperienceManager is closed; create a new one to retrieve.")
-        # Queries are tokenised here, in the caller, not on the batch's path (dense retrieval
-        # needs the words only for the coverage floor and the level's own lessons).
-        rcfg = self.config.retrieval
-        tokens = tokenize(query) if rcfg.index == "bm25" or rcfg.floor(env_id) or \
-            rcfg.keyed(env_id) else []
-        request = _Query(env_id, query, int(k), tokens)
-        if self._serve_here():
-            # Nobody to batch with and a search slot free: serve in this thread, sparing the
-            # two thread hand-offs (each can cost a scheduler time slice on a busy machine).
-            self._serve(env_id, [request])
-        else:
-            self._queries.put(request)
-        return request.wait()
+        return self._batcher.retrieve(env_id, query, k)
 
     def report_outcome(self, entry_ids: Sequence[str], score: float,
                        critic: float | None = None, baseline: float | None = None,
@@ -182,47 +133,18 @@ class ExperienceManager(_ExtractorJobs, _Search):
         entries; relative to ``baseline``, its group's free mean score, when given:
         ``entry_credit``). Where ``env_id``'s key is exact, an entry of another level's key
         (a retrieval miss, ``query`` being the episode's) credits nobody and records nothing;
-        one of its own records the win or loss (``_record_of``)."""
-        generations: list[str | None] = []
-        won = score >= 1.0
-        with self._entry_generation_lock:
-            for entry_id in entry_ids:
-                entry = self.bank.get(entry_id)
-                if entry is not None and not self.is_own(env_id, query, entry):
-                    self._count("misses_uncredited")
-                    continue
-                if entry_id in self._entry_generation:
-                    generations.append(self._entry_generation[entry_id])
-                else:
-                    generations.append(entry.generation_id if entry else None)
-                generations.extend(self._endorsers.get(entry_id, ()))
-                if entry is not None and self.config.retrieval.keyed(env_id):
-                    wins, losses = self._outcomes.get(entry_id, (0, 0))
-                    self._outcomes[entry_id] = (wins + won, losses + (not won))
+        one of its own records the win or loss (``LessonRecords.record_of``)."""
+        used: list[tuple[str, ExperienceEntry | None]] = []
+        for entry_id in entry_ids:
+            entry = self.bank.get(entry_id)
+            if entry is not None and not self.retriever.is_own(env_id, query, entry):
+                self._counters.add("misses_uncredited")
+                continue
+            used.append((entry_id, entry))
+        keyed = self.config.retrieval.keyed(env_id)
+        generations = self.records.credited(used, won=score >= 1.0 if keyed else None)
         self.ledger.credit(generations, score, critic, baseline)
-        self._count("outcomes_reported")
-
-    def is_own(self, env_id: str, query: str, entry: ExperienceEntry) -> bool:
-        """Whether ``entry`` belongs to the level of ``query``: it holds every word of the key
-        where ``env_id``'s key is exact; anywhere else every entry counts as the level's."""
-        if env_id and entry.env_id != env_id:
-            return False
-        if not self.config.retrieval.keyed(env_id):
-            return True
-        return query_coverage(tokenize(query), self._entry_tokens(entry)) >= 1.0
-
-    def export_records(self) -> dict[str, Any]:
-        """The endorsers and the use record of every entry (a checkpoint's)."""
-        with self._entry_generation_lock:
-            return {"endorsers": {k: list(v) for k, v in self._endorsers.items()},
-                    "outcomes": dict(self._outcomes)}
-
-    def load_records(self, records: dict[str, Any]) -> None:
-        """Put back ``export_records``' (a resumed run's)."""
-        with self._entry_generation_lock:
-            self._endorsers = {str(k): list(v) for k, v in records.get("endorsers", {}).items()}
-            self._outcomes = {str(k): (int(w), int(lost))
-                              for k, (w, lost) in records.get("outcomes", {}).items()}
+        self._counters.add("outcomes_reported")
 
     # ----------------------------------------------------------------- search-and-ask
     def ask(self, env_id: str, query: str, k: int = 1) -> AskAnswer:
@@ -233,19 +155,19 @@ class ExperienceManager(_ExtractorJobs, _Search):
         the entries themselves (it is trained only with a format penalty, like a malformed
         distillation); an extractor that raises answers ``NO_KNOWLEDGE``.
         """
-        self._count("asks")
+        self._counters.add("asks")
         found = self.retrieve(env_id, query, k)
         if not found:
             return AskAnswer(NO_KNOWLEDGE)
-        prompt = answer_prompt(env_id, query, _numbered(found))
-        called = self._call_extractor(prompt)
+        prompt = answer_prompt(env_id, query, numbered_entries(found))
+        called = self.jobs.call(prompt)
         if called is None:
             return AskAnswer(NO_KNOWLEDGE)
         output, text = called
         generation_id = uuid.uuid4().hex
         answer = parse_answer_text(text)
         if answer is None:
-            self._count("ask_format_failures")
+            self._counters.add("ask_format_failures")
             if self.config.format_failure_reward is not None:
                 self.ledger.register(generation_id, prompt, output, "ask",
                                      fixed_reward=self.config.format_failure_reward)
@@ -263,8 +185,8 @@ class ExperienceManager(_ExtractorJobs, _Search):
         """Queue a finished episode for distillation (returns at once)."""
         if not isinstance(request, DistillationRequest):
             raise TypeError(f"submit takes a DistillationRequest, got {type(request).__name__}.")
-        self._enqueue(("distill", request))
-        self._count("submitted")
+        self.jobs.distill(request)
+        self._counters.add("submitted")
 
     def merge_pass(self, env_id: str | None = None, max_chunks: int | None = None) -> int:
         """Queue a merge pass over ``env_id``'s partition (every partition when None), in chunks
@@ -277,7 +199,7 @@ class ExperienceManager(_ExtractorJobs, _Search):
                 chunk = ids[start:start + size]
                 if len(chunk) < 2 or (max_chunks is not None and queued >= max_chunks):
                     continue
-                self._enqueue(("merge", env, chunk))
+                self.jobs.merge(env, chunk)
                 queued += 1
         return queued
 
@@ -289,23 +211,18 @@ class ExperienceManager(_ExtractorJobs, _Search):
         with self._rw.write():
             changes, endorsed = self._fold_repeats(changes)
             result = self.bank.apply(changes)
-            with self._entry_generation_lock:
-                for entry_id, generation_id in endorsed:
-                    if entry_id in self.bank and generation_id:
-                        self._endorsers.setdefault(entry_id, []).append(generation_id)
-                for gone in result.deleted + result.evicted:
-                    self._endorsers.pop(gone, None)
-                    self._outcomes.pop(gone, None)
-                    key = self._text_of.pop(gone, None)
-                    if key is not None and self._by_text.get(key) == gone:
-                        del self._by_text[key]
+            self.records.endorse(endorsed, self.bank)
+            gone = result.deleted + result.evicted
+            self.records.forget(gone)
+            for entry_id in gone:
+                key = self._text_of.pop(entry_id, None)
+                if key is not None and self._by_text.get(key) == entry_id:
+                    del self._by_text[key]
             self._index_texts(e for e in result.added if e.id in self.bank)
         if endorsed:
-            self._count("endorsements", len(endorsed))
+            self._counters.add("endorsements", len(endorsed))
         if result.envs:
-            with self._state:
-                self._dirty |= result.envs
-                self._state.notify_all()
+            self._track.mark_dirty(result.envs)
         return result
 
     def _fold_repeats(self, changes: Sequence[BankChange]
@@ -339,18 +256,8 @@ class ExperienceManager(_ExtractorJobs, _Search):
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued job is applied and indexed; False if ``timeout`` ran out."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._state:
-            self._flushing += 1  # the indexer rebuilds at once while someone waits
-            self._state.notify_all()
-            try:
-                while self._pending or self._dirty or self._indexing:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        return False
-                    self._state.wait(remaining)
-            finally:
-                self._flushing -= 1
+        if not self._track.wait_idle(timeout):
+            return False
         self.bank.sync_retrieval_stats()
         return True
 
@@ -369,15 +276,12 @@ class ExperienceManager(_ExtractorJobs, _Search):
 
     def set_extractor(self, extractor: Extractor) -> None:
         """Use a new extractor (e.g. after its weights were updated) for the next jobs."""
-        self._extractor = extractor
+        self.jobs.extractor = extractor
 
     def stats(self) -> dict[str, Any]:
         """Counters of the manager and the bank."""
-        with self._counters_lock:
-            out: dict[str, Any] = dict(self._counters)
-        with self._state:
-            out["pending"] = self._pending
-            out["index_dirty"] = len(self._dirty) + int(self._indexing)
+        out: dict[str, Any] = self._counters.snapshot()
+        out["pending"], out["index_dirty"] = self._track.backlog()
         out["bank_size"] = len(self.bank)
         out["partitions"] = {env: self.bank.count(env) for env in self.bank.env_ids()}
         out["evictions"] = self.bank.evictions
@@ -390,7 +294,7 @@ class ExperienceManager(_ExtractorJobs, _Search):
 
         The bank stays open: it belongs to the caller.
         """
-        if self._closed:
+        if self._track.closed:
             return
         try:
             if flush:
@@ -400,31 +304,13 @@ class ExperienceManager(_ExtractorJobs, _Search):
         self.bank.sync_retrieval_stats()
 
     def _stop_threads(self, drop_queued: bool) -> None:
-        with self._state:
-            self._closed = True
-            self._state.notify_all()
-        if drop_queued:
-            self._drop_queued_jobs()
-        for _ in range(self.config.max_concurrent_extractions):
-            self._jobs.put(None)
-        self._queries.put(None)
-        for thread in self._threads:
-            thread.join()
-        self._search_pool.shutdown(wait=True)
-        while True:  # a query that raced with close must not wait forever
-            try:
-                late = self._queries.get_nowait()
-            except queue.Empty:
-                break
-            if late is not None:
-                late.answer(error=RuntimeError("ExperienceManager closed."))
+        self._track.close()
+        self.jobs.stop(drop_queued)  # before the indexer: its last jobs' writes get indexed
+        self._batcher.stop()
+        self._indexer.join()
 
     def __enter__(self) -> ExperienceManager:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._counters_lock:
-            self._counters[name] += n

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from crl_harness.config.fields import check_settings
 from crl_harness.config.schema import ExperienceConfig, ExtractorConfig
 from crl_harness.experience.operations import ParseLimits
 from crl_harness.experience.retrieval import RetrievalConfig
@@ -63,7 +64,11 @@ class ManagerConfig:
                    max_transcript_chars=experience.max_transcript_chars, **settings)
 
     def __post_init__(self) -> None:
-        for name in ("max_concurrent_extractions", "batch_size", "search_workers"):
+        check_settings(ExperienceConfig, "experience", {
+            "max_concurrent_extractions": self.max_concurrent_extractions,
+            "max_transcript_chars": self.max_transcript_chars})
+        check_settings(ExtractorConfig, "extractor", {"format_penalty": self.format_failure_reward})
+        for name in ("batch_size", "search_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ManagerConfig.{name} must be at least 1.")
         if self.merge_chunk < 2:

@@ -46,7 +46,9 @@ import numpy as np
 import scipy.sparse
 import Stemmer
 
+from crl_harness.config.fields import check_settings
 from crl_harness.config.schema import ExperienceConfig
+from crl_harness.config.validation import min_query_coverage_problem
 from crl_harness.experience.entries import ExperienceEntry
 
 
@@ -89,8 +91,10 @@ class EmbeddingModelError(RuntimeError):
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Retrieval settings. Those a training run sets are declared, with their docs and defaults
-    (the released configuration, with BM25 instead of dense), in ``ExperienceConfig``;
+    """Retrieval settings. Those a training run sets are declared, with their docs, defaults
+    (the released configuration, with BM25 instead of dense) and allowed values, in
+    ``ExperienceConfig``, and checked here by those declarations (``check_settings``), so a
+    benchmark's or a test's settings pass the same check as a loaded config's;
     ``from_config`` reads them from it."""
 
     index: Literal["bm25", "dense"] = ExperienceConfig.retrieval
@@ -117,15 +121,13 @@ class RetrievalConfig:
     b: float = 0.75
 
     def __post_init__(self) -> None:
-        if self.index not in ("bm25", "dense"):
-            raise ValueError(f"retrieval index {self.index!r} is not 'bm25' or 'dense'.")
-        if self.candidates < 1 or not 0.0 <= self.demotion_prob <= 1.0:
-            raise ValueError("retrieval needs candidates >= 1 and 0 <= demotion_prob <= 1.")
-        if not 0.0 <= self.min_query_coverage <= 1.0:
-            raise ValueError("retrieval needs 0 <= min_query_coverage <= 1.")
-        if self.min_query_coverage and self.index != "bm25":  # exact keys: any index
-            raise ValueError("min_query_coverage counts the query's words, which only the "
-                             "bm25 index reads; set it 0 with dense retrieval.")
+        check_settings(ExperienceConfig, "experience", {
+            "retrieval": self.index, "candidates": self.candidates,
+            "count_penalty": self.count_penalty, "recency_window_s": self.recency_window_s,
+            "demotion_prob": self.demotion_prob, "min_query_coverage": self.min_query_coverage})
+        coverage = min_query_coverage_problem(self.index, self.min_query_coverage)
+        if coverage is not None:
+            raise ValueError(f"bad setting 'experience.min_query_coverage': {coverage}")
 
     @classmethod
     def from_config(cls, experience: ExperienceConfig,

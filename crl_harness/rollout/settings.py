@@ -4,8 +4,9 @@ Holds ``RolloutConfig`` (with ``RolloutConfig.from_config``) and ``env_kwargs_by
 mixture's ``gym.make`` kwargs, one set per env id).
 
 A setting that is also an actor or experience setting of a training run (``ActorConfig``,
-``ExperienceConfig``) is declared there, with its doc; here it only takes that default, so the
-two cannot drift. The engine's own settings (how many episodes at once, threads, seed,
+``ExperienceConfig``) is declared there, with its doc and allowed values; here it only takes
+that default and is checked by that declaration (``check_settings``), so the two cannot drift
+and a hand-built engine (``crl eval``, a benchmark) passes the training run's checks. The engine's own settings (how many episodes at once, threads, seed,
 env kwargs) are declared here.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from crl_harness.config.fields import check_settings
 from crl_harness.config.schema import ActorConfig, EnvEntry, ExperienceConfig, TrainConfig
 
 __all__ = ["RolloutConfig", "env_kwargs_by_id"]
@@ -81,6 +83,14 @@ class RolloutConfig:
     """``experience.max_asks``"""
     max_query_chars: int = ExperienceConfig.max_query_chars
     """``experience.max_query_chars``"""
+
+    def __post_init__(self) -> None:
+        check_settings(ActorConfig, "actor", {
+            "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+            "top_p": self.top_p, "history": self.history, "format_penalty": self.format_penalty})
+        check_settings(ExperienceConfig, "experience", {
+            "k": self.experience_k, "max_asks": self.max_asks,
+            "max_query_chars": self.max_query_chars})
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, **overrides: Any) -> RolloutConfig:

@@ -450,3 +450,26 @@ def test_hardening_an_empty_config_file_is_refused_not_trained_with_the_defaults
     assert len(lines) == 1 and lines[0].endswith(
         "the file sets nothing; give a config (e.g. cpu-demo) or write the keys that differ "
         "from the defaults")
+
+
+@pytest.mark.parametrize("section, settings, key", [
+    ("rollout", {"top_p": 0.0}, "actor.top_p"),
+    ("rollout", {"experience_k": 0}, "experience.k"),
+    ("retrieval", {"count_penalty": float("nan")}, "experience.count_penalty"),
+    ("retrieval", {"demotion_prob": 2.0}, "experience.demotion_prob"),
+    ("manager", {"max_concurrent_extractions": 0}, "experience.max_concurrent_extractions"),
+])
+def test_hardening_runtime_settings_are_checked_by_the_schema_declarations(section, settings, key):
+    """A setting declared in the schema is checked by that declaration alone, whether a config
+    file or code (crl eval, a benchmark) hands it to the runtime object."""
+    from crl_harness.experience import ManagerConfig, RetrievalConfig
+    from crl_harness.rollout import RolloutConfig
+
+    build = {"rollout": RolloutConfig, "retrieval": RetrievalConfig, "manager": ManagerConfig}
+    with pytest.raises(ValueError, match=f"bad setting '{key}': must be"):
+        build[section](**settings)
+
+
+def test_hardening_zero_candidates_is_refused_by_its_declared_bound():
+    with pytest.raises(ConfigError, match="'experience.candidates': must be >= 1"):
+        load_config(None, ["experience.candidates=0"])

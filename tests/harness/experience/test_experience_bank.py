@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -333,6 +334,7 @@ def test_hardening_bank_on_a_full_disk_says_so_and_keeps_what_it_acknowledged(tm
             acknowledged.append(bank.add("CRL/Sokoban-v0", "Boxes", "x" * 4_000).id)
     assert full.value.errno == errno.ENOSPC and "rolled back" in str(full.value)
     assert "no transaction is active" not in str(full.value) and len(bank) == len(acknowledged)
+    before = set(threading.enumerate())
     manager = ExperienceManager(bank)
     manager.retrieve("CRL/Sokoban-v0", "boxes", 1)
     # Counts for close() to write: every entry's row, more pages than the rolled-back write left
@@ -345,7 +347,8 @@ def test_hardening_bank_on_a_full_disk_says_so_and_keeps_what_it_acknowledged(tm
             handle.flush()
     with pytest.raises(OSError, match="No space left"):
         manager.close()
-    assert not any(thread.is_alive() for thread in manager._threads)  # stopped all the same
+    started = set(threading.enumerate()) - before
+    assert not [t for t in started if t.name.startswith("experience-")]  # stopped all the same
     bank._release()
     filler.unlink()
     with ExperienceBank(disk / "bank.sqlite") as reopened:

@@ -317,7 +317,7 @@ def test_dense_retrieval_with_the_bundled_model(bank):
 
 
 def test_bad_config_raises():
-    with pytest.raises(ValueError, match="retrieval index"):
+    with pytest.raises(ValueError, match="experience.retrieval.: invalid value .tfidf."):
         RetrievalConfig(index="tfidf")
     with pytest.raises(ValueError, match="search_workers"):
         ManagerConfig(search_workers=0)

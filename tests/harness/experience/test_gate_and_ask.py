@@ -241,7 +241,7 @@ def test_two_asks_are_answered_by_the_extractor_and_a_third_is_refused(tokenizer
     traj = _play(actor, manager, search_and_ask=True, max_asks=2)
     assert traj.won
     assert [a.status for a in traj.asks] == ["answered", "answered", "refused"]
-    extractor = manager._extractor
+    extractor = manager.jobs.extractor
     assert len(extractor.prompts) == 2 and "where do boxes go?" in extractor.prompts[0]
     assert LESSON in extractor.prompts[0]  # the entry retrieved for the query
     # Each answer is the next observation, over the unchanged state; the refusal says why.
@@ -282,7 +282,7 @@ def test_hardening_an_empty_query_is_an_invalid_action(tokenizer, manager):
     [ask] = traj.asks
     assert ask.status == "empty" and traj.invalid_actions == 1 and traj.steps == len(traj.turns)
     assert traj.turns[1].observation.startswith("Invalid ask")
-    assert manager._extractor.prompts == []
+    assert manager.jobs.extractor.prompts == []
 
 
 def test_hardening_a_long_query_is_cut_never_sent_whole(tokenizer, manager):
@@ -291,7 +291,7 @@ def test_hardening_a_long_query_is_cut_never_sent_whole(tokenizer, manager):
     traj = _play(actor, manager, search_and_ask=True, max_query_chars=200)
     [ask] = traj.asks
     assert ask.cut and len(ask.query) == 200
-    [prompt] = manager._extractor.prompts
+    [prompt] = manager.jobs.extractor.prompts
     assert ask.query in prompt and "END" not in prompt
 
 

@@ -109,7 +109,7 @@ def test_an_identical_add_endorses_the_entry_instead_of_copying_it(bank):
                        AddEntry(ENV, title, content, generation_id="g4")])
         assert [e.id for e in bank.entries(ENV)] == [first.id]
         assert bank.get(first.id).votes == 3
-        assert manager.export_records()["endorsers"][first.id] == ["g2", "g3", "g4"]
+        assert manager.records.export()["endorsers"][first.id] == ["g2", "g3", "g4"]
 
 
 def test_lessons_of_a_key_rank_by_their_record_not_their_length(bank):
