@@ -9,6 +9,7 @@ import pytest
 
 from crl_envs.errors import UserFacingError
 from crl_harness.cli import main
+from crl_harness.commands.env_kwargs import parse_env_kwargs
 from crl_harness.eval import expand_env_ids, parse_seeds, summarize, wilson_interval
 from crl_harness.results import read_attempts, tally
 from crl_harness.rollout import Trajectory
@@ -162,7 +163,7 @@ def test_crl_eval_env_kwargs_as_typed_key_value_pairs(tmp_path):
     from crl_harness.commands import eval as eval_command
 
     assert doctest.testmod(eval_command).failed == 0
-    assert eval_command.parse_env_kwargs(["a=0.5", "b=true", "c=null", "d=[1, 2]", "e=x=y",
+    assert parse_env_kwargs(["a=0.5", "b=true", "c=null", "d=[1, 2]", "e=x=y",
                                           "f=", "g=[1,"]) == {
         "a": 0.5, "b": True, "c": None, "d": [1, 2], "e": "x=y", "f": "", "g": "[1,"}
     out = tmp_path / "pairs"
