@@ -179,10 +179,12 @@ class LessonPolicy:
     """What a lesson of ``room_lesson``'s form tells the hero to do, as a policy over text
     observations: its moves in order, and with ``break_off`` (the lesson says ``BREAK_OFF``)
     the walk to the stairs as soon as they are in view. ``None`` once the moves are spent.
+    ``to_goal`` says whether its last action was that walk (the lesson broken off, what a warm
+    start's episode says it does) rather than the lesson's ``played``-th move.
 
     >>> policy = LessonPolicy(["east"], break_off=True)
-    >>> policy("You (@) are at x=37, y=11.")   # no map: the lesson's next move
-    'east'
+    >>> policy("You (@) are at x=37, y=11."), policy.to_goal, policy.played  # no map: its move
+    ('east', False, 1)
     >>> policy("You (@) are at x=38, y=11.") is None
     True
     """
@@ -190,7 +192,8 @@ class LessonPolicy:
     def __init__(self, moves: list[str], break_off: bool) -> None:
         self.moves = list(moves)
         self.break_off = break_off
-        self._next = 0
+        self.played = 0
+        self.to_goal = False
 
     def __call__(self, observation: str) -> str | None:
         view = parse_observation(observation) if self.break_off else None
@@ -199,11 +202,13 @@ class LessonPolicy:
             floor = {cell for cell, char in view.cells.items() if char in FLOOR}
             walk = shortest_walk(floor, set(), view.hero, stairs[0])
             if walk:
+                self.to_goal = True
                 return moves_along(view.hero, walk)[0]
-        if self._next >= len(self.moves):
+        self.to_goal = False
+        if self.played >= len(self.moves):
             return None
-        self._next += 1
-        return self.moves[self._next - 1]
+        self.played += 1
+        return self.moves[self.played - 1]
 
 
 def lesson_policy(text: str) -> LessonPolicy | None:

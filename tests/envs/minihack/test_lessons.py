@@ -152,3 +152,23 @@ def test_the_oracle_lessons_win_most_unseen_dark_room_levels_played_as_policies(
     # 93.5% expected for these levels' start cells (93.3% measured on 3000)
     assert 0.88 <= wins / len(seeds) <= 0.98
     assert without_break_off < wins - 80  # a sweep is no route: it stops for the stairs
+
+
+def test_the_policy_says_when_it_breaks_off_for_the_stairs():
+    # what a warm start's episode following a sweep says it does, turn by turn
+    env = gym.make(ROOM, **DARK)
+    try:
+        observation, info = env.reset(seed=20_000_000)  # x=37, y=11, nothing in view
+        policy = lesson_policy(crl_envs.transferable_lesson(ROOM, info["retrieval_query"], 6)[1])
+        said = []
+        while (move := policy(observation)) is not None:
+            said.append((move, policy.to_goal, policy.played))
+            observation, _, terminated, truncated, info = env.step(move)
+            if terminated or truncated:
+                break
+    finally:
+        env.close()
+    assert info["won"]
+    assert [to_goal for _, to_goal, _ in said] == [False] * (len(said) - 1) + [True]
+    assert [move for move, _, _ in said[:-1]] == policy.moves[:len(said) - 1]
+    assert said[-1][2] == len(said) - 1 < len(policy.moves)  # broken off mid-sweep
