@@ -8,15 +8,16 @@ All ids are registered in ``register_envs`` below, one readable table.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gymnasium.envs.registration import WrapperSpec, load_env_creator, register, registry
 
 from crl_envs.base import TEXT_CHARSET, TextEnv, Transition
 
-__all__ = ["TEXT_CHARSET", "TextEnv", "Transition", "ENV_IDS", "env_ids", "MAX_EPISODE_STEPS", "RIVER_STEPS",
-           "register_envs", "env_keywords", "check_make_kwargs", "exact_retrieval_key", "winning_route"]
+__all__ = ["TEXT_CHARSET", "TextEnv", "Transition", "ENV_IDS", "env_ids", "MAX_EPISODE_STEPS",
+           "RIVER_STEPS", "register_envs", "env_keywords", "check_make_kwargs",
+           "exact_retrieval_key", "winning_route", "transferable_lesson", "lesson_policy"]
 
 # Hands gym.make's max_episode_steps to envs that act on their last step (applied after
 # TimeLimit): ALFWorld's -1 budget, SWE-bench's forced submission.
@@ -123,6 +124,37 @@ def winning_route(env_id: str, observations: list[str]) -> list[str] | None:
     """
     reader = _ROUTE_READERS.get(env_id)
     return load_env_creator(reader)(observations) if reader else None
+
+
+# Envs whose levels of one retrieval key share a lesson that transfers (a dark Room's sweep from
+# the start cell), and the readers of the policy such a lesson states.
+_LESSON_WRITERS = {"CRL/MiniHackRoom-v0": "crl_envs.minihack.oracle.lessons:room_lesson"}
+_LESSON_POLICIES = {"CRL/MiniHackRoom-v0": "crl_envs.minihack.oracle.lessons:lesson_policy"}
+
+
+def transferable_lesson(env_id: str, key: str, max_episode_steps: int) -> tuple[str, str] | None:
+    """The oracle's lesson, ``(title, content)``, that holds for every level of ``env_id`` with
+    the retrieval ``key`` (``info["retrieval_query"]``) within ``max_episode_steps``: MiniHack
+    Room's best sweep from the start cell, broken off for the stairs once they are in view (the
+    stairs' route where the key shows them); None elsewhere, or for a key it cannot read.
+
+    >>> transferable_lesson("CRL/Sokoban-v0", "any", 30) is None
+    True
+    """
+    writer = _LESSON_WRITERS.get(env_id)
+    return load_env_creator(writer)(key, max_episode_steps) if writer else None
+
+
+def lesson_policy(env_id: str, text: str) -> Callable[[str], str | None] | None:
+    """The policy that the first lesson in ``text`` states, in the form ``transferable_lesson``
+    writes (route lessons too): observation in, the action it says (None once it says no
+    more); None for envs without a reader, or where ``text`` holds no lesson of that form.
+
+    >>> lesson_policy("CRL/MiniHackRoom-v0", "Avoid the walls.") is None
+    True
+    """
+    reader = _LESSON_POLICIES.get(env_id)
+    return load_env_creator(reader)(text) if reader else None
 
 
 def check_make_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> None:

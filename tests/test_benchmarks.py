@@ -14,6 +14,7 @@ PILOT = Path(__file__).resolve().parents[1] / "benchmarks" / "pilot_curve.py"
 WARM = Path(__file__).resolve().parents[1] / "benchmarks" / "warmstart_heldout.py"
 QUALITY = Path(__file__).resolve().parents[1] / "benchmarks" / "extractor_quality.py"
 LATENCY = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_step_latency.py"
+TRANSFER = Path(__file__).resolve().parents[1] / "benchmarks" / "transfer_ceiling.py"
 
 
 @pytest.mark.parametrize(("script", "flags", "message"), [
@@ -48,6 +49,12 @@ LATENCY = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_step_latenc
     (LATENCY, ["--repeats", "11"], "--repeats must be in 1..10"),
     (LATENCY, ["--batches", "256", "--context", "4096"], "must fit actor.kv_cache_tokens"),
     (LATENCY, ["--set", "actor.no_such_key=1"], "no_such_key"),
+    (TRANSFER, ["--levels", "1"], "--levels must be in 2..1000"),
+    (TRANSFER, ["--levels", "1001"], "--levels must be in 2..1000"),
+    (TRANSFER, ["--samples", "-1"], "--samples must be in 0..16"),
+    (TRANSFER, ["--samples", "17"], "--samples must be in 0..16"),
+    (TRANSFER, ["--offset", "-1"], "--offset must be in 0.."),
+    (TRANSFER, ["--set", "actor.no_such_key=1"], "no_such_key"),
 ])
 def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, script, flags,
                                                                  message):

@@ -4,11 +4,14 @@ when its moves are played as they stand (``route_moves``: the lesson form the wa
 Holds ``LessonReplay``, which keeps one env per env id and replays the handed lessons of a step's
 trajectories; the trainer logs the share that win (``lessons/replay_win_rate``): a lesson that
 does not win replayed cannot help its guided episodes, whatever the actor does.
+``LessonReplay.wins_following`` plays a lesson as the policy it states
+(``crl_envs.lesson_policy``: a transferable lesson's sweep, broken off once the goal is in view),
+on any level of its key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from crl_harness.rollout import Trajectory
@@ -39,6 +42,21 @@ class LessonReplay:
 
     def wins(self, env_id: str, seed: int, moves: Sequence[str]) -> bool:
         """Whether ``moves`` from the reset of level ``seed`` of ``env_id`` reach a win."""
+        left = iter(moves)
+        return self._plays(env_id, seed, lambda _observation: next(left, None))
+
+    def wins_following(self, env_id: str, seed: int, lesson: str) -> bool | None:
+        """Whether the policy that ``lesson`` (an entry's text) states wins level ``seed`` of
+        ``env_id``: its moves, and what it says to do once the goal is in view (a transferable
+        lesson, ``crl_envs.transferable_lesson``); None where the env reads no policy in it."""
+        import crl_envs
+
+        policy = crl_envs.lesson_policy(env_id, lesson)
+        return None if policy is None else self._plays(env_id, seed, policy)
+
+    def _plays(self, env_id: str, seed: int, policy: Callable[[str], str | None]) -> bool:
+        """Play ``policy`` (the observation in, an action or None to stop) from the reset of
+        level ``seed`` until the episode ends (the env's step limit ends every one)."""
         env = self._envs.get(env_id)
         if env is None:
             import gymnasium as gym
@@ -46,9 +64,9 @@ class LessonReplay:
             import crl_envs  # noqa: F401  (registers the ids)
 
             env = self._envs[env_id] = gym.make(env_id, **self.env_kwargs.get(env_id, {}))
-        env.reset(seed=seed, options=self.env_options.get(env_id) or None)
-        for move in moves:
-            _, _, terminated, truncated, info = env.step(move)
+        observation, _ = env.reset(seed=seed, options=self.env_options.get(env_id) or None)
+        while (move := policy(observation)) is not None:
+            observation, _, terminated, truncated, info = env.step(move)
             if terminated or truncated:
                 return bool(info.get("won"))
         return False

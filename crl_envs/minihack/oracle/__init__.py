@@ -8,7 +8,11 @@ Holds, from its modules:
 - ``river``: MiniHack River's planner, branch and bound over chains of boulder pushes that fill
   a crossing (each boulder's pushes, in any of the 8 directions, by A*);
 - ``agent``: ``MiniHackOracle``, what it does on each task (stairs, monsters, KeyRoom's key and
-  door, River's pushes, exploring).
+  door, River's pushes, exploring);
+- ``lessons``: lessons that hold for every level of a Room retrieval key (``best_sweep`` from
+  the start cell, broken off for the stairs once in view: ``room_lesson``) and the policy such a
+  lesson states (``lesson_policy``), which ``crl_envs.transferable_lesson`` and
+  ``crl_envs.lesson_policy`` find.
 """
 
 from crl_envs.minihack.oracle.agent import MiniHackOracle
