@@ -9,7 +9,7 @@ pytest.importorskip("nle", reason="the minihack extra: pip install 'crl-gym[mini
 
 import crl_envs  # noqa: E402
 from crl_harness.training.lesson_replay import LessonReplay  # noqa: E402
-from crl_harness.warmstart.data import route_advice, route_moves  # noqa: E402
+from crl_harness.warmstart.routes import route_advice, route_moves  # noqa: E402
 
 ROOM = "CRL/MiniHackRoom-v0"
 DARK = {"variant": "dark", "max_episode_steps": 6, "penalty_step": -0.05}  # cpu-demo's
