@@ -40,10 +40,10 @@ def main() -> None:
 
     from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import ConfigError, load_config
-    from crl_harness.losses import grpo_loss
-    from crl_harness.trainer import Trainer
     from crl_harness.training.batches import actor_rows
     from crl_harness.training.learner import SharedPrefix
+    from crl_harness.training.losses import grpo_loss
+    from crl_harness.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="crl-update-bench-") as out:
         try:

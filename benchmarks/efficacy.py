@@ -89,8 +89,8 @@ def run_arm(levels: int, quality_episodes: int, report_to: list[str], *run: obje
     from crl_harness.config import config_to_dict
     from crl_harness.eval.heldout import evaluate_levels
     from crl_harness.tracking import open_trackers
-    from crl_harness.trainer import Trainer
     from crl_harness.training.checkpoint import actor_adapter_base
+    from crl_harness.training.trainer import Trainer
 
     cfg = run_config(*run)
     run_dir = Path(cfg.run.output_dir)

@@ -39,8 +39,8 @@ def main() -> None:
     from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import ConfigError, load_config
     from crl_harness.eval import format_paired, format_rate
-    from crl_harness.trainer import Trainer
     from crl_harness.training.metrics import PAIR_SETS, pooled_pairs, read_metrics
+    from crl_harness.training.trainer import Trainer
 
     fixed = ["arm=static", "run.steps=2", "actor.warmup_steps=2",
              "experience.retrieval_warmup_steps=1", "tasks.schedule=revisit",

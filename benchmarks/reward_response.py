@@ -93,7 +93,7 @@ def _lora_overrides(adapter_spec: str) -> list[str]:
 def _respond(args: argparse.Namespace, cfg, lr: float | None) -> dict:
     """One fresh run of ``cfg`` whose reward is the share of ``--action``; its per-step lines
     printed, its first and last share and worst format-failure rate returned."""
-    from crl_harness.trainer import Trainer
+    from crl_harness.training.trainer import Trainer
 
     for entry in cfg.tasks.envs:
         entry.kwargs["max_episode_steps"] = args.turns

@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
 def run_side(args: argparse.Namespace) -> dict:
     """Train ``args.steps`` steps on one side (in this process); the per-step times."""
     from crl_harness.config import load_config
-    from crl_harness.trainer import Trainer
+    from crl_harness.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="crl-step-bench-") as out:
         cfg = load_config(args.config, [f"run.output_dir={out}/run", "actor.warmup_steps=0",

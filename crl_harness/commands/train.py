@@ -85,7 +85,7 @@ def make_trainer(cfg: Any, **kwargs: Any) -> Any:
     """The trainer for ``cfg``, handed the placement ``cfg.run.backend`` names: this process
     (``local``, ``LocalPlacement``) or Ray actors (``ray``, ``RayPlacement``). Chosen here, by
     the command: the trainer imports no Ray code, and the Ray placement no trainer."""
-    from crl_harness.trainer import Trainer
+    from crl_harness.training.trainer import Trainer
 
     if cfg.run.backend == "ray":
         from crl_harness.training.ray_backend import RayPlacement

@@ -1,5 +1,8 @@
-"""The parts of the training loop that are not the loop itself.
+"""The training loop and its parts.
 
+- ``trainer``: ``Trainer``, the loop of Complementary RL (rollouts, credit, distillation, the
+  actor's and the extractor's updates, checkpoints), top to bottom.
+- ``losses``: the actor's GRPO and the extractor's CISPO losses, each a few named tensors.
 - ``sampler``: ``TaskSampler``, which env and seed each group of a step gets (mixture weights).
 - ``learner``: ``PolicyLearner``, differentiable log-probs of generated tokens and one optimiser
   update of a causal LM from a loss function (the actor's GRPO, the extractor's CISPO).

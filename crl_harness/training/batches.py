@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
-from crl_harness.losses import sequence_token_weights, subgroup_advantages
 from crl_harness.rollout import Trajectory
 from crl_harness.training.learner import TrainingRow
+from crl_harness.training.losses import sequence_token_weights, subgroup_advantages
 from crl_harness.training.packing import pack_turns
 
 __all__ = ["actor_rows"]

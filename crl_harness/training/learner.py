@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from crl_harness.config import LoRAConfig
-from crl_harness.losses import LossTerms
+from crl_harness.training.losses import LossTerms
 from crl_harness.training.shared_prefix import SharedPrefix
 
 __all__ = ["TrainingRow", "UpdateStats", "PolicyLearner", "SharedPrefix", "apply_lora"]
@@ -236,7 +236,7 @@ class PolicyLearner:
         """One optimiser step over all ``rows`` (one epoch), the loss summed over micro-batches.
 
         ``loss_fn(logprobs, old_logprobs, advantages, mask, token_weight=...)`` is a loss of
-        ``crl_harness.losses`` with its hyperparameters bound.
+        ``crl_harness.training.losses`` with its hyperparameters bound.
         """
         rows = [r for r in rows if r.trained_tokens]
         if not rows:

@@ -38,7 +38,7 @@ def test_time_experience(cfg: Any, *, actor: str, extractor: str, seeds: list[in
 
     from crl_harness.config import config_to_dict, load_config
     from crl_harness.eval.heldout import evaluate_levels
-    from crl_harness.trainer import Trainer
+    from crl_harness.training.trainer import Trainer
 
     if attempts < 2:
         raise ValueError(f"test-time experience needs attempts >= 2, got {attempts}.")

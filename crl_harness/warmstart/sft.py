@@ -36,12 +36,12 @@ import torch
 from crl_envs.errors import UserFacingError
 from crl_harness.config import TrainConfig, config_to_dict
 from crl_harness.experience.operations import ParseLimits
-from crl_harness.losses import sft_loss
 from crl_harness.models.model_card import write_adapter_card
 from crl_harness.models.names import upstream_id
 from crl_harness.models.registry import load_backend
 from crl_harness.rollout import Turn
 from crl_harness.training.learner import PolicyLearner, TrainingRow
+from crl_harness.training.losses import sft_loss
 from crl_harness.training.packing import pack_turns
 from crl_harness.warmstart.data import (
     AdvisedEpisode,

@@ -22,11 +22,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from crl_harness.config import LoRAConfig, load_config  # noqa: E402
-from crl_harness.losses import LossTerms, grpo_loss  # noqa: E402
 from crl_harness.models.base import BackendUnavailableError  # noqa: E402
 from crl_harness.models.hf import HFBackend  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
 from crl_harness.training.learner import PolicyLearner, TrainingRow  # noqa: E402
+from crl_harness.training.losses import LossTerms, grpo_loss  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -52,7 +52,7 @@ FAKE_JAX = {
 
 RETRIEVE = textwrap.dedent("""
     import sys
-    import crl_harness.cli, crl_harness.trainer, crl_harness.models.hf  # everything a run imports
+    import crl_harness.cli, crl_harness.training.trainer, crl_harness.models.hf  # everything a run imports
     from crl_harness.experience import ExperienceBank, ExperienceManager
     from crl_harness.experience.retrieval import BM25Index
 
@@ -93,12 +93,12 @@ CONSTRUCTORS = {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "e
 (``*_like`` and ``Tensor.new_*`` follow their argument's device)."""
 
 HOST_SIDE = {
-    ("crl_harness/losses.py", "subgroup_advantages"):
+    ("crl_harness/training/losses.py", "subgroup_advantages"):
         "rewards are Python floats; the trainer reads the advantages back as floats",
-    ("crl_harness/losses.py", "extractor_advantages"): "as subgroup_advantages",
+    ("crl_harness/training/losses.py", "extractor_advantages"): "as subgroup_advantages",
     ("crl_harness/training/batches.py", "actor_rows"):
         "token counts for the per-token weights, read back as floats into TrainingRow",
-    ("crl_harness/trainer.py", "Trainer._update_extractor"): "as actor_rows (training/batches.py)",
+    ("crl_harness/training/trainer.py", "Trainer._update_extractor"): "as actor_rows (training/batches.py)",
     ("crl_harness/training/learner.py", "PolicyLearner.token_logprobs"):
         "padded on the host element by element, then one .to(self.device) each",
     ("crl_harness/models/hf_generation.py", "decode_batch"):
@@ -265,7 +265,7 @@ def test_one_trainer_step_in_bf16_changes_the_weights(tiny, tmp_path, device, al
         "tasks.groups_per_step=1", "tasks.group_size=4", "actor.warmup_steps=0",
         "actor.max_new_tokens=8", "actor.lr=1e-3", "run.steps=1", "run.checkpoint_every=1",
         f"run.output_dir={tmp_path}", "run.tensorboard=false", "run.torch_threads=1"])
-    from crl_harness.trainer import Trainer
+    from crl_harness.training.trainer import Trainer
 
     trainer = Trainer(cfg)
     alternating_rewards(trainer)

@@ -32,8 +32,8 @@ from crl_harness.models import Generation, HFBackend  # noqa: E402
 from crl_harness.models.base import encode_chat  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
 from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
-from crl_harness.trainer import Trainer  # noqa: E402
 from crl_harness.training.batches import actor_rows  # noqa: E402
+from crl_harness.training.trainer import Trainer  # noqa: E402
 from crl_wrappers.experience import DEFAULT_HEADER  # noqa: E402
 
 torch.set_num_threads(1)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from crl_harness.losses import LossTerms, cispo_loss, grpo_loss
 from crl_harness.models.hf import HFBackend
 from crl_harness.models.tiny import build_tiny_model
 from crl_harness.training.learner import PolicyLearner, TrainingRow
+from crl_harness.training.losses import LossTerms, cispo_loss, grpo_loss
 
 torch.set_num_threads(1)
 

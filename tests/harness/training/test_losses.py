@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from crl_harness.losses import (
+from crl_harness.training.losses import (
     cispo_loss,
     extractor_advantages,
     grpo_loss,

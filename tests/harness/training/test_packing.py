@@ -16,7 +16,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from crl_harness.config import LoRAConfig  # noqa: E402
-from crl_harness.losses import grpo_loss, sequence_token_weights  # noqa: E402
 from crl_harness.models import HFBackend  # noqa: E402
 from crl_harness.models.base import Generation, encode_chat  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
@@ -29,6 +28,7 @@ from crl_harness.training.learner import (  # noqa: E402
     TrainingRow,
     UpdateStats,
 )
+from crl_harness.training.losses import grpo_loss, sequence_token_weights  # noqa: E402
 from crl_harness.training.packing import pack_turns  # noqa: E402
 from crl_harness.training.step_metrics import step_metrics  # noqa: E402
 

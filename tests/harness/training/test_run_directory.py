@@ -20,10 +20,10 @@ from crl_harness.eval import PairedDifference, paired_difference
 from crl_harness.experience import BankError, ExperienceBank
 from crl_harness.experience.checkpoint import restore_bank
 from crl_harness.models.tiny import build_tiny_model
-from crl_harness.trainer import ResumeError, RunDirectoryError, Trainer
 from crl_harness.training.checkpoint import Checkpointer, checkpoint_run_id
 from crl_harness.training.metrics import read_metrics
 from crl_harness.training.run_directory import occupied, read_run_id
+from crl_harness.training.trainer import ResumeError, RunDirectoryError, Trainer
 
 torch.set_num_threads(1)
 

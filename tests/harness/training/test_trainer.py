@@ -32,13 +32,13 @@ import torch
 from crl_envs.data import cache_dir
 from crl_harness.config import load_config
 from crl_harness.experience import GenerationReward
-from crl_harness.losses import grpo_loss
 from crl_harness.models.base import encode_chat
 from crl_harness.models.tiny import build_tiny_model
-from crl_harness.trainer import ResumeError, Trainer
 from crl_harness.training.batches import actor_rows
+from crl_harness.training.losses import grpo_loss
 from crl_harness.training.metrics import read_metrics
 from crl_harness.training.run_directory import RunDirectory
+from crl_harness.training.trainer import ResumeError, Trainer
 
 torch.set_num_threads(1)
 TUNING_VERSION = 3  # bump when _format_tuned changes

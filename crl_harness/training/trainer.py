@@ -59,7 +59,6 @@ from crl_harness.experience import (
     episodes_to_distill,
 )
 from crl_harness.experience.checkpoint import restore_bank
-from crl_harness.losses import cispo_loss, extractor_advantages, grpo_loss, sequence_token_weights
 from crl_harness.models import load_backend
 from crl_harness.models.engines import resolve_rollout_engines, sampling_engine
 from crl_harness.rollout import EpisodeSpec
@@ -74,6 +73,12 @@ from crl_harness.training.checkpoint import (
 )
 from crl_harness.training.learner import PolicyLearner, TrainingRow, UpdateStats
 from crl_harness.training.lesson_replay import LessonReplay
+from crl_harness.training.losses import (
+    cispo_loss,
+    extractor_advantages,
+    grpo_loss,
+    sequence_token_weights,
+)
 from crl_harness.training.metrics import MetricsLogger, plot_learning_curve
 from crl_harness.training.placement import LocalPlacement, Placement
 from crl_harness.training.run_directory import ResumeError, RunDirectory, RunDirectoryError
