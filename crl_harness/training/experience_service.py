@@ -78,9 +78,9 @@ class ExperienceService:
         """New extractor weights for a copy living apart from the learner (a Ray actor)."""
         with self.generator.weights_lock:
             if lora:
-                from peft import set_peft_model_state_dict
+                from crl_harness.training.learner import load_trainable_state
 
-                set_peft_model_state_dict(self.backend.model, state)
+                load_trainable_state(self.backend.model, state, lora=True)
             else:
                 self.backend.load_weights(state)
 

@@ -39,7 +39,8 @@ from crl_harness.config import LoRAConfig
 from crl_harness.training.losses import LossTerms
 from crl_harness.training.shared_prefix import SharedPrefix
 
-__all__ = ["TrainingRow", "UpdateStats", "PolicyLearner", "SharedPrefix", "apply_lora"]
+__all__ = ["TrainingRow", "UpdateStats", "PolicyLearner", "SharedPrefix", "apply_lora",
+           "load_trainable_state"]
 
 LossFn = Callable[..., LossTerms]
 
@@ -116,6 +117,17 @@ def apply_lora(model: Any, lora: LoRAConfig) -> Any:
                         target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
                         layers_to_transform=layers)
     return _adapters_in_fp32(get_peft_model(model, config))
+
+
+def load_trainable_state(model: Any, state: dict[str, torch.Tensor], *, lora: bool) -> None:
+    """``state`` (a learner's ``trainable_state_dict``) into ``model``: its LoRA adapters (peft's
+    names) with ``lora``, else every weight, each key matching."""
+    if lora:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, state)
+    else:
+        model.load_state_dict(state, strict=True)
 
 
 def _adapters_in_fp32(peft_model: Any) -> Any:
@@ -385,12 +397,8 @@ class PolicyLearner:
                 for k, v in self._live_state().items()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if self.lora is not None:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.model, state)
-        else:
-            self.base_model.load_state_dict(state, strict=True)
+        load_trainable_state(self.model if self.lora is not None else self.base_model, state,
+                             lora=self.lora is not None)
         masters = self._masters_by_storage()
         with torch.no_grad():  # the masters take the state's full precision, not the rounding
             for key, live in self._live_state().items():

@@ -32,7 +32,7 @@ from crl_harness.experience import (
 from crl_harness.models.base import ModelBackend
 from crl_harness.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from crl_harness.training.experience_service import ExperienceService
-from crl_harness.training.learner import PolicyLearner
+from crl_harness.training.learner import PolicyLearner, load_trainable_state
 from crl_harness.training.placement import experience_options
 from crl_wrappers.experience import ExperienceItem
 
@@ -96,9 +96,7 @@ class RolloutWorker:
 
     def load_weights(self, state: dict[str, Any]) -> None:
         if self.lora:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.backend.model, state)
+            load_trainable_state(self.backend.model, state, lora=True)
         else:
             self.backend.load_weights(state)
 
