@@ -149,24 +149,38 @@ def test_tensor_constructors_in_crl_harness_name_their_device():
     assert seen == set(HOST_SIDE), f"stale HOST_SIDE entries: {set(HOST_SIDE) - seen}"
 
 
-class _DeviceCheckingLM(torch.nn.Module):
-    """A causal LM stub on any device (``meta`` here: no data, no CPU fallback) whose forward
-    refuses an input that is not on its own device."""
+class _DeviceCheckingDecoder(torch.nn.Module):
+    """The decoder of ``_DeviceCheckingLM``: refuses an input that is not on its own device."""
 
-    def __init__(self, vocab: int = 11, device: str = "meta") -> None:
+    def __init__(self, vocab: int, device: str) -> None:
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, vocab, device=device)
 
-    def forward(self, *, input_ids, attention_mask, position_ids, use_cache, logits_to_keep):
+    def forward(self, *, input_ids, attention_mask, position_ids, use_cache):
         device = self.embed.weight.device
         for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask),
-                            ("position_ids", position_ids), ("logits_to_keep", logits_to_keep)):
-            if isinstance(value, torch.Tensor):
-                assert value.device == device, f"{name} is on {value.device}, the model on {device}"
-        logits = self.embed(input_ids)
-        keep = logits_to_keep
-        logits = logits[:, -keep:] if isinstance(keep, int) else logits.index_select(1, keep)
-        return type("Output", (), {"logits": logits})()
+                            ("position_ids", position_ids)):
+            assert value.device == device, f"{name} is on {value.device}, the model on {device}"
+        return type("Output", (), {"last_hidden_state": self.embed(input_ids)})()
+
+
+class _DeviceCheckingLM(torch.nn.Module):
+    """A causal LM stub on any device (``meta`` here: no data, no CPU fallback) whose decoder
+    refuses an input that is not on its own device; its head is the identity."""
+
+    def __init__(self, vocab: int = 11, device: str = "meta") -> None:
+        super().__init__()
+        from transformers import PretrainedConfig
+
+        self.decoder = _DeviceCheckingDecoder(vocab, device)
+        self.head = torch.nn.Identity()
+        self.config = PretrainedConfig()
+
+    def get_decoder(self) -> torch.nn.Module:
+        return self.decoder
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.head
 
 
 @pytest.mark.parametrize("packed", [False, True])
