@@ -9,10 +9,13 @@ the level's) and ``winning_route`` (the shortest route a won attempt's observati
 from __future__ import annotations
 
 import crl_envs
+from crl_envs.minihack.oracle.lessons import LESSON_MOVES as _ROUTE_CONTENT
+from crl_envs.minihack.oracle.lessons import LESSON_TITLE as _ROUTE_TITLE
 from crl_envs.minihack.render import level_key
 from crl_harness.experience.entries import ExperienceEntry
 from crl_harness.rollout import Trajectory
 
+# The form's phrases are declared once, in crl_envs, where the transferable lessons are written.
 __all__ = ["route_advice", "route_content", "route_of", "route_moves", "advice_check", "winning_route"]
 
 
@@ -40,9 +43,6 @@ def route_advice(env_id: str, start_observation: str, moves: list[str],
 def route_content(moves: list[str]) -> str:
     return f"{_ROUTE_CONTENT}{', '.join(moves)}."
 
-
-_ROUTE_TITLE = "Winning moves from "
-_ROUTE_CONTENT = "from the start, play "
 
 
 def route_of(entry: ExperienceEntry) -> tuple[str, list[str]] | None:
