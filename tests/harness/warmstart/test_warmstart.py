@@ -164,6 +164,10 @@ def test_winning_route_is_a_shortest_walk_over_the_cells_seen(backend):
     assert 1 <= len(route) <= first.steps
     replay = _play(backend, seed=first.seed, route=route)
     assert replay.won and replay.steps == len(route)
+    # the transcript's one line of moves is that route: beside the played moves (with their
+    # detours) a small extractor mixed the two lines and dropped the route's last move
+    assert first.transcript.count("[Shortest route to the goal] " + ", ".join(route) + "\n") == 1
+    assert "[Moves played]" not in first.transcript
 
 
 def test_advice_is_in_the_system_prompt_and_followed(backend):
