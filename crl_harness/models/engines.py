@@ -5,6 +5,7 @@ Holds:
   saying what loads a checkpoint on it and how it gets a learner's new weights; the trainer, the
   placements, the held-out evaluations and ``crl eval`` ask it (``sampling_engine``), so adding
   an engine is one module plus one row (``register_engine``);
+- ``engine_settings``: what a config's ``rollout_engine`` takes (``auto`` and the table's rows);
 - ``choose_engine``: the rule, for one setting (``auto``, ``hf``, ``vllm``), with its reason;
 - ``resolve_rollout_engines``: a config's ``actor`` and ``extractor`` settings replaced by what
   they mean here, with one printed line (the trainer, the held-out evaluations, ``--dry-run``);
@@ -26,8 +27,8 @@ from typing import Any, Protocol
 
 from crl_envs.errors import UserFacingError
 
-__all__ = ["ENGINES", "ENGINE_VARIABLE", "SAMPLING_ENGINES", "SamplingEngine", "SyncedSampler",
-           "EngineChoice", "choose_engine", "register_engine", "resolve_rollout_engines",
+__all__ = ["ENGINE_VARIABLE", "SAMPLING_ENGINES", "SamplingEngine", "SyncedSampler",
+           "EngineChoice", "engine_settings", "choose_engine", "register_engine", "resolve_rollout_engines",
            "sampling_engine", "vllm_problem"]
 
 
@@ -124,9 +125,14 @@ def sampling_engine(name: str) -> SamplingEngine:
                               f"{', '.join(SAMPLING_ENGINES)}") from None
 
 
-ENGINES = ("auto", "hf", "vllm")
-"""the values of ``rollout_engine`` a config takes (the first is the default; the table's
-shipped rows)"""
+def engine_settings() -> tuple[str, ...]:
+    """The values of ``rollout_engine`` a config takes: ``auto`` and every row of the table
+    when the config is checked, so an engine added by ``register_engine`` is one too.
+
+    >>> engine_settings()
+    ('auto', 'hf', 'vllm')
+    """
+    return ("auto", *SAMPLING_ENGINES)
 
 ENGINE_VARIABLE = "CRL_ROLLOUT_ENGINE"
 """``hf`` or ``vllm``: what ``auto`` means, whatever is installed (a CI job or a test suite that

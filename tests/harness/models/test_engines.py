@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from crl_envs.errors import UserFacingError
-from crl_harness.config import load_config
+from crl_harness.config import ConfigError, load_config
 from crl_harness.models import engines
 from crl_harness.models.engines import (
     ENGINE_VARIABLE,
@@ -160,9 +160,9 @@ class _EchoCopy:
         self.backend = None
 
 
-def test_an_engine_is_one_table_row(monkeypatch):
+def test_an_engine_is_one_table_row(monkeypatch, tmp_path):
     """A test engine registered from here (its load and its weight sync are the row's) is what
-    ``choose_engine``, the local placement (sampling and pushing weights) and the held-out
+    a config (YAML or override) may name, and what ``choose_engine``, the local placement (sampling and pushing weights) and the held-out
     evaluation's loading use: no other file names it."""
     from crl_harness.eval.heldout import load_actor
     from crl_harness.training.placement import LocalPlacement
@@ -176,8 +176,11 @@ def test_an_engine_is_one_table_row(monkeypatch):
     with pytest.raises(ValueError, match="already"):
         engines.register_engine(row)
     assert choose_engine("echo").engine == "echo"
-    cfg = load_config(None, [])
-    cfg.actor.rollout_engine = "echo"
+    yaml = tmp_path / "echo.yaml"
+    yaml.write_text("actor:\n  rollout_engine: echo\n")
+    assert load_config(yaml).actor.rollout_engine == "echo"  # a config names it: no other file
+    cfg = load_config(None, ["actor.rollout_engine=echo", "extractor.rollout_engine=echo"])
+    assert (cfg.actor.rollout_engine, cfg.extractor.rollout_engine) == ("echo", "echo")
     placement = LocalPlacement()
     assert placement.sampling_backend(cfg, "actor", "learner", "its backend") == \
         ("echo-copy", "learner")
@@ -197,3 +200,17 @@ def test_hardening_an_engine_not_in_the_table_is_refused_in_a_line():
         choose_engine("tgi")
     with pytest.raises(UserFacingError, match="give one of hf, vllm"):
         engines.sampling_engine("auto")
+
+
+def test_hardening_a_config_naming_an_unknown_engine_is_refused_in_a_line_naming_the_table(
+        monkeypatch):
+    """The names a config's ``rollout_engine`` takes are the table's when it is loaded: an
+    unknown one is refused in one line that lists them, a registered one among them."""
+    monkeypatch.setattr(engines, "SAMPLING_ENGINES", dict(engines.SAMPLING_ENGINES))
+    engines.register_engine(engines.SamplingEngine("echo", "echo", lambda spec, **_: None))
+    for key in ("actor", "extractor"):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [f"{key}.rollout_engine={'tgi' * 20}"])
+        assert "\n" not in str(err.value) and "tgi" * 14 not in str(err.value)
+        assert f"'{key}.rollout_engine'" in str(err.value)
+        assert str(err.value).endswith("expected one of auto, hf, vllm, echo")
