@@ -391,8 +391,8 @@ def bench_rollouts(args: argparse.Namespace) -> dict:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     backend = load_backend(args.rollout_model)
-    config = RolloutConfig(max_new_tokens=64, max_live=args.rollout_episodes, seed=0,
-                           env_kwargs={ROLLOUT_ENV: ROLLOUT_ENV_KWARGS})
+    config = RolloutConfig.from_config(None, max_new_tokens=64, max_live=args.rollout_episodes,
+                                       seed=0, env_kwargs={ROLLOUT_ENV: ROLLOUT_ENV_KWARGS})
     rates: dict[str, list[tuple[float, float]]] = {"free": [], "guided": []}
     with tempfile.TemporaryDirectory() as tmp:
         bank = ExperienceBank(Path(tmp) / "bank.sqlite")

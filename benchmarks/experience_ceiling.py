@@ -79,11 +79,10 @@ def main() -> None:
 
     model = args.model or cfg.starting_model()
     backend = load_backend(model, dtype=args.dtype)
-    rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens,
-                            temperature=cfg.actor.temperature, top_p=cfg.actor.top_p,
-                            history=cfg.actor.history, format_penalty=cfg.actor.format_penalty,
-                            max_live=len(levels) * args.episodes_per_level, seed=args.seed,
-                            env_kwargs={entry.id: dict(entry.kwargs)})
+    rollout = RolloutConfig.from_config(cfg, max_live=len(levels) * args.episodes_per_level,
+                                        workers=1, seed=args.seed, k=1, actor_critic_gate=False,
+                                        search_and_ask=False,
+                                        env_kwargs={entry.id: dict(entry.kwargs)})
     print(f"{args.config}: {entry.id} {entry.kwargs}; {model} ({args.dtype}); {len(levels)} "
           f"levels with a lesson of {len(seeds)}, {args.episodes_per_level} episode(s) a level "
           f"an arm, temperature {cfg.actor.temperature}")

@@ -74,9 +74,9 @@ def run_side(args: argparse.Namespace) -> dict:
     kind, options, dtype, _ = SIDES[args.side]
     backend = load_backend(f"{kind}:{args.model}", dtype=dtype, **options)
     env_kwargs = {**json.loads(args.env_kwargs), "max_episode_steps": args.turns}
-    config = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                           max_live=args.episodes, seed=0, history=None,
-                           env_kwargs={args.env: env_kwargs})
+    config = RolloutConfig.from_config(None, max_new_tokens=args.max_new_tokens,
+                                       temperature=args.temperature, max_live=args.episodes,
+                                       seed=0, history=None, env_kwargs={args.env: env_kwargs})
     engine = RolloutEngine(backend, config=config)
     specs = [EpisodeSpec(args.env, seed=s) for s in range(args.episodes)]
     # Warm-up (kernels, allocator, env creation): one short batch, untimed.

@@ -91,8 +91,8 @@ def main() -> None:
     kept, correct, wrong = level_entries(cfg, seeds, backend.tokenizer)
     print(f"tip pilot: {agent} on {env.id} {env.kwargs}, held-out levels {seeds[0]}-{seeds[-1]}: "
           f"{len(kept)} with a first observation of their own and a route", flush=True)
-    rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
-                            history=cfg.actor.history, env_kwargs={env.id: dict(env.kwargs)})
+    rollout = RolloutConfig.from_config(cfg, temperature=0.0, k=1, actor_critic_gate=False,
+                                        search_and_ask=False, env_kwargs={env.id: dict(env.kwargs)})
     results = {}
     for name, entries in (("none", None), ("correct", correct), ("wrong", wrong)):
         started = time.perf_counter()

@@ -115,7 +115,7 @@ def run(cfg: Any, args: argparse.Namespace, entry: Any, lessons: dict[str, Any],
         keys: dict[int, str]) -> None:
     from crl_harness.eval import evaluate, format_paired, format_rate, paired_difference
     from crl_harness.eval.heldout import load_actor
-    from crl_harness.rollout import EpisodeSpec, RolloutConfig, env_kwargs_by_id
+    from crl_harness.rollout import EpisodeSpec, RolloutConfig
     from crl_harness.training.lesson_replay import LessonReplay
 
     seeds = sorted(keys)
@@ -132,12 +132,10 @@ def run(cfg: Any, args: argparse.Namespace, entry: Any, lessons: dict[str, Any],
     started = time.perf_counter()
     backend = load_actor(cfg, model, dtype)
     retriever = LessonsByKey(lessons)
-    settings = dict(max_new_tokens=cfg.actor.max_new_tokens, history=cfg.actor.history,
-                    experience_k=cfg.experience.k, env_kwargs=env_kwargs_by_id(cfg.tasks.envs))
-    plays = {"greedy": (RolloutConfig(temperature=0.0, **settings), 1)}
+    settings = dict(max_live=64, workers=1, actor_critic_gate=False, search_and_ask=False)
+    plays = {"greedy": (RolloutConfig.from_config(cfg, temperature=0.0, **settings), 1)}
     if args.samples:
-        plays["sampled"] = (RolloutConfig(temperature=cfg.actor.temperature,
-                                          top_p=cfg.actor.top_p, seed=args.seed, **settings),
+        plays["sampled"] = (RolloutConfig.from_config(cfg, seed=args.seed, **settings),
                             args.samples)
     won: dict[str, dict[str, list[bool]]] = {}
     agreement: dict[str, list[int]] = {}

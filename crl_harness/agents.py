@@ -43,7 +43,7 @@ class ModelAgent:
         >>> from crl_harness.models import HFBackend
         >>> from crl_harness.models.tiny import build_tiny_model
         >>> agent = ModelAgent(HFBackend(build_tiny_model(tempfile.mkdtemp())),
-        ...                    RolloutConfig(max_new_tokens=4, seed=0))
+        ...                    RolloutConfig.from_config(None, max_new_tokens=4, seed=0))
         >>> env = gym.make("CRL/Sokoban-v0", max_episode_steps=3)
         >>> traj = run_episode(env, agent, EpisodeSpec("CRL/Sokoban-v0", seed=0))
         >>> traj.steps, traj.won
@@ -66,18 +66,19 @@ class ModelAgent:
             experience = ""  # the wrapper placed it there already: shown once
         self.conversation = Conversation(
             system_prompt(instructions, experience, task="" if task in observation else task),
-            self.config.history,
+            self.config.actor.history,
         )
 
     def act(self, observation: str, info: dict[str, Any]) -> str:
         cfg = self.config
         self.conversation.observe(observation)
-        messages = self.conversation.messages(self.backend.max_context - cfg.max_new_tokens,
+        messages = self.conversation.messages(self.backend.max_context - cfg.actor.max_new_tokens,
                                               self.backend.count_tokens)
         seed = None if cfg.seed is None else cfg.seed + self._calls
         self._calls += 1
-        [generation] = self.backend.generate([messages], max_new_tokens=cfg.max_new_tokens,
-                                             temperature=cfg.temperature, top_p=cfg.top_p, seed=seed)
+        [generation] = self.backend.generate([messages], max_new_tokens=cfg.actor.max_new_tokens,
+                                             temperature=cfg.actor.temperature,
+                                             top_p=cfg.actor.top_p, seed=seed)
         self.conversation.reply(generation.text)
         parsed = parse_answer(generation.text)
         self.last_reply, self.last_format_ok = generation.text, parsed.format_ok

@@ -360,13 +360,13 @@ def _evaluate(args: argparse.Namespace, console: Any, out: Path, env_ids: list[s
         backend = load_backend(args.agent, max_context=args.max_context)
         check_range("--max-new-tokens", args.max_new_tokens, 1, backend.max_context // 2)
         console.print(f"context {backend.max_context} tokens ({backend.context_source})")
-    rollout = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                            top_p=args.top_p, history=args.history, max_live=args.max_live,
-                            workers=args.workers, experience_k=args.experience_k, seed=args.seed,
-                            env_kwargs=dict.fromkeys(env_ids, env_kwargs),
-                            # the env's rewards as they are: the format penalty is training's
-                            # shaping, and format failures have their own column
-                            format_penalty=0.0)
+    rollout = RolloutConfig.from_config(
+        None, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        history=args.history, max_live=args.max_live, workers=args.workers, k=args.experience_k,
+        seed=args.seed, env_kwargs=dict.fromkeys(env_ids, env_kwargs),
+        # the env's rewards as they are: the format penalty is training's shaping, and format
+        # failures have their own column
+        format_penalty=0.0)
     console.print(f"[bold]crl eval[/]: {args.agent} on {len(env_ids)} env(s) x {len(seeds)} "
                   f"episodes -> {out}")
 

@@ -113,7 +113,8 @@ def cache_file(cache: Path, fingerprint: str, entry: Any, seeds: list[int], roll
     and the engine that played them (``hf``, ``vllm``: their greedy tokens may differ)."""
     key = {"format": _CACHE_FORMAT, "model": fingerprint, "env_id": entry.id,
            "env_kwargs": dict(entry.kwargs), "seeds": seeds,
-           "max_new_tokens": rollout.max_new_tokens, "history": rollout.history, "dtype": dtype}
+           "max_new_tokens": rollout.actor.max_new_tokens, "history": rollout.actor.history,
+           "dtype": dtype}
     if entry.options:  # reset options choose the levels (a config without keeps its key)
         key["options"] = dict(entry.options)
     if engine != "hf":  # (an hf key stays what it was before engines were chosen)
@@ -148,11 +149,11 @@ def evaluate_levels(cfg: Any, actor: str,
     the weights' dtype of an ``hf:`` actor (part of the cache key); it plays on the engine that
     ``cfg`` rolls out with (``load_actor``)."""
     from crl_harness.eval import evaluate, write_report
-    from crl_harness.rollout import EpisodeSpec, RolloutConfig, env_kwargs_by_id
+    from crl_harness.rollout import EpisodeSpec, RolloutConfig
 
-    rollout = RolloutConfig(max_new_tokens=cfg.actor.max_new_tokens, temperature=0.0,
-                            history=cfg.actor.history, experience_k=cfg.experience.k,
-                            env_kwargs=env_kwargs_by_id(cfg.tasks.envs))
+    # greedy, one lesson's effect as it is: no gate, no asks, whatever the run does
+    rollout = RolloutConfig.from_config(cfg, temperature=0.0, actor_critic_gate=False,
+                                        search_and_ask=False)
     fingerprint = model_hash(actor) if cache is not None else None
     if actor.startswith("hf:"):
         from crl_harness.models.engines import resolve_rollout_engines

@@ -6,7 +6,8 @@ Holds:
 - ``episode``: ``LiveEpisode`` (one episode being played: its env, its conversation and its
   trajectory so far), ``make_env`` and ``task_id_of``;
 - ``transcript``: ``transcript_of``, an episode as plain text (the extractor's input);
-- ``settings``: ``RolloutConfig`` (the engine's settings; ``from_config``, a training run's) and
+- ``settings``: ``RolloutConfig`` (the engine's settings: the run's actor and experience
+  sections and its own; ``from_config`` builds it, a training run's or bare) and
   ``env_kwargs_by_id``;
 - ``engine``: ``RolloutEngine``, which plays many episodes at once and
   batches every turn across them (its docstring says how a turn is played, what an invalid

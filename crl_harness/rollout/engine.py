@@ -82,15 +82,11 @@ class RolloutEngine:
                  config: RolloutConfig | None = None, **overrides: Any) -> None:
         self.backend = backend
         self.retriever = retriever
-        self.config = config or RolloutConfig()
-        for key, value in overrides.items():
-            if not hasattr(self.config, key):
-                raise TypeError(f"Unknown rollout setting {key!r}; see RolloutConfig.")
-            setattr(self.config, key, value)
-        if self.config.search_and_ask and not callable(getattr(retriever, "ask", None)):
+        self.config = (config or RolloutConfig()).replace(**overrides)
+        if self.config.experience.search_and_ask and not callable(getattr(retriever, "ask", None)):
             raise TypeError("search_and_ask needs a retriever with ask(env_id, query, k) (the "
                             "Experience Manager); turn it off or pass one.")
-        self._tools = tool_instructions(self.config.max_asks) if self.config.search_and_ask else ""
+        self._tools = tool_instructions(self.config.experience.max_asks) if self.config.experience.search_and_ask else ""
         self._free_envs: dict[str, list[gym.Env]] = {}
         self._seeds = itertools.count(self.config.seed) if self.config.seed is not None else None
 
@@ -113,7 +109,7 @@ class RolloutEngine:
                     index, spec = pending.pop()
                     tools = self._tools if spec.use_experience and self.retriever is not None else ""
                     started.append((index, LiveEpisode(spec, self._take_env(spec.env_id),
-                                                       cfg.history, tools)))
+                                                       cfg.actor.history, tools)))
                 fresh = []
                 for (index, episode), error in zip(
                     started, pool.map(self._guard(lambda e: e.reset(self.retriever is not None)),
@@ -128,7 +124,7 @@ class RolloutEngine:
                         fresh.append(episode)
                 for episode in fresh:
                     episode.fit_experience(self._budget(), self.backend.count_tokens)
-                if cfg.actor_critic_gate:
+                if cfg.experience.actor_critic_gate:
                     self._gate([e for e in fresh if e.spec.use_experience and e.experience])
                 if not live:
                     continue
@@ -177,7 +173,7 @@ class RolloutEngine:
 
     def _budget(self) -> int:
         """The tokens a prompt may hold: the context less a reply's."""
-        return self.backend.max_context - self.config.max_new_tokens
+        return self.backend.max_context - self.config.actor.max_new_tokens
 
     def _generate(self, episodes: list[LiveEpisode]) -> list[Generation]:
         cfg = self.config
@@ -185,9 +181,9 @@ class RolloutEngine:
         prompts = [e.conversation.messages(budget, self.backend.count_tokens) for e in episodes]
         # The ask's closing tag ends a reply, as the released code's stop string does; passed
         # only when the tool is on, so backends without stop strings work as before.
-        stop = {"stop": (ASK_CLOSE,)} if cfg.search_and_ask else {}
-        sampling = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                        top_p=cfg.top_p, seed=self._next_seed(), **stop)
+        stop = {"stop": (ASK_CLOSE,)} if cfg.experience.search_and_ask else {}
+        sampling = dict(max_new_tokens=cfg.actor.max_new_tokens, temperature=cfg.actor.temperature,
+                        top_p=cfg.actor.top_p, seed=self._next_seed(), **stop)
         tokenizer = getattr(self.backend, "tokenizer", None)
         from_ids = getattr(self.backend, "generate_from_ids", None)
         if tokenizer is None or from_ids is None:  # a server: it tokenises the messages itself
@@ -223,8 +219,8 @@ class RolloutEngine:
         if not episodes:
             return
         generations = self.backend.generate(
-            prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            top_p=cfg.top_p, seed=self._next_seed())
+            prompts, max_new_tokens=cfg.actor.max_new_tokens, temperature=cfg.actor.temperature,
+            top_p=cfg.actor.top_p, seed=self._next_seed())
         for episode, prompt, generation in zip(episodes, prompts, generations, strict=True):
             if generation.error:
                 episode.trajectory.error, episode.done = generation.error, True
@@ -265,8 +261,8 @@ class RolloutEngine:
         traj.steps += 1
         assert parsed is not None
         if not parsed.format_ok:
-            turn.format_penalty = self.config.format_penalty  # apart from the env's reward
-            traj.reward += self.config.format_penalty
+            turn.format_penalty = self.config.actor.format_penalty  # apart from the env's reward
+            traj.reward += self.config.actor.format_penalty
             traj.format_failures += 1
             traj.invalid_actions += 1
             episode.observe(f"{format_error_message(parsed.error)}\n\n{episode.observation}")
@@ -285,11 +281,11 @@ class RolloutEngine:
             traj.invalid_actions += 1
             episode.observe(empty_query_observation(episode.state))
             return
-        sent = query[: cfg.max_query_chars]  # never sent whole when longer
-        if episode.answered_asks >= cfg.max_asks:
+        sent = query[: cfg.experience.max_query_chars]  # never sent whole when longer
+        if episode.answered_asks >= cfg.experience.max_asks:
             turn.ask = AskRecord(sent, "refused", cut=len(sent) < len(query))
             traj.steps += 1
-            episode.observe(refused_observation(cfg.max_asks, episode.state))
+            episode.observe(refused_observation(cfg.experience.max_asks, episode.state))
             return
         turn.ask = AskRecord(sent, "answered", cut=len(sent) < len(query))
         episode.answered_asks += 1
@@ -299,7 +295,7 @@ class RolloutEngine:
         answer becomes its episode's next observation, the env's state unchanged."""
         if not asking:
             return
-        k = self.config.experience_k
+        k = self.config.experience.k
 
         def ask(pair: tuple[LiveEpisode, Turn]) -> None:
             episode, turn = pair
@@ -335,7 +331,7 @@ class RolloutEngine:
         if free:
             return free.pop()
         cfg = self.config
-        return make_env(env_id, self.retriever, cfg.experience_k, **cfg.env_kwargs.get(env_id, {}))
+        return make_env(env_id, self.retriever, cfg.experience.k, **cfg.env_kwargs.get(env_id, {}))
 
     @staticmethod
     def _guard(func: Callable[[Any], None]) -> Callable[[Any], str]:

@@ -1,17 +1,19 @@
-"""The rollout engine's settings, and the one translation of a training config into them.
+"""The rollout engine's settings, and the one way to build them from a training config.
 
-Holds ``RolloutConfig`` (with ``RolloutConfig.from_config``) and ``env_kwargs_by_id`` (a task
-mixture's ``gym.make`` kwargs, one set per env id).
+Holds ``RolloutConfig`` (built by ``RolloutConfig.from_config``), the section settings it reads
+(``SAMPLING``, ``EXPERIENCE_USE``) and ``env_kwargs_by_id`` (a task mixture's ``gym.make``
+kwargs, one set per env id).
 
-A setting that is also an actor or experience setting of a training run (``ActorConfig``,
-``ExperienceConfig``) is declared there, with its doc and allowed values; here it only takes
-that default and is checked by that declaration (``check_settings``), so the two cannot drift
-and a hand-built engine (``crl eval``, a benchmark) passes the training run's checks. The engine's own settings (how many episodes at once, threads, seed,
-env kwargs) are declared here.
+A setting that is also an actor or experience setting of a training run is not declared here:
+the engine holds the run's ``ActorConfig`` and ``ExperienceConfig`` sections themselves and
+checks what it reads by their declarations (``check_settings``), so the two cannot drift and an
+engine built for ``crl eval`` or a benchmark passes the training run's checks. The engine's own
+settings (how many episodes at once, threads, seed, env kwargs) are declared here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 from crl_harness.config.fields import check_settings
 from crl_harness.config.schema import ActorConfig, EnvEntry, ExperienceConfig, TrainConfig
 
-__all__ = ["RolloutConfig", "env_kwargs_by_id"]
+__all__ = ["RolloutConfig", "SAMPLING", "EXPERIENCE_USE", "env_kwargs_by_id"]
 
 
 def env_kwargs_by_id(envs: Sequence[EnvEntry]) -> dict[str, dict[str, Any]]:
@@ -40,72 +42,79 @@ def env_kwargs_by_id(envs: Sequence[EnvEntry]) -> dict[str, dict[str, Any]]:
 
 @dataclass
 class RolloutConfig:
-    """Settings of the rollout engine; ``from_config`` gives a training run's.
+    """Settings of the rollout engine: the run's ``actor`` and ``experience`` sections, of which
+    it reads ``SAMPLING`` and ``EXPERIENCE_USE`` (declared, documented and bounded there, and
+    checked here by those declarations: ``check_settings``), and the engine's own (episodes at
+    once, threads, seed, env kwargs). ``from_config`` builds it, for a training run or bare.
 
     Example:
         >>> from crl_harness.config import load_config
         >>> cfg = load_config(None, ["actor.max_new_tokens=64", "experience.k=2"])
-        >>> rollout = RolloutConfig.from_config(cfg)
-        >>> rollout.max_new_tokens, rollout.temperature, rollout.experience_k
+        >>> rollout = RolloutConfig.from_config(cfg, seed=3)
+        >>> rollout.actor.max_new_tokens, rollout.actor.temperature, rollout.experience.k
         (64, 0.99, 2)
-        >>> RolloutConfig().max_new_tokens == ActorConfig().max_new_tokens
-        True
+        >>> bare = RolloutConfig.from_config(None, max_new_tokens=8, k=2)
+        >>> bare.actor.max_new_tokens, bare.actor.temperature, bare.experience.k, bare.max_live
+        (8, 1.0, 2, 64)
     """
 
-    max_new_tokens: int = ActorConfig.max_new_tokens
-    """``actor.max_new_tokens``: cap on the tokens of one reply (a reply cut there is usually a
-    format failure)."""
-    temperature: float = 1.0
-    """Sampling temperature (0 = greedy); log-probs are taken under it. 1 here, the model's own
-    distribution, where a training run samples at ``actor.temperature``."""
-    top_p: float = ActorConfig.top_p
-    """``actor.top_p``"""
-    history: int | None = ActorConfig.history
-    """``actor.history``"""
-    format_penalty: float = ActorConfig.format_penalty
-    """``actor.format_penalty`` (0 disables)"""
+    actor: ActorConfig = field(default_factory=lambda: ActorConfig(temperature=1.0))
+    """The actor's section: how a reply is sampled (``SAMPLING``). A bare engine's samples at
+    temperature 1, the model's own distribution; a training run's at ``actor.temperature``."""
+    experience: ExperienceConfig = field(default_factory=ExperienceConfig)
+    """The experience section: how a guided episode uses the bank (``EXPERIENCE_USE``)."""
     max_live: int = 64
     """Episodes played at once (the generate batch)."""
     workers: int = 1
     """Threads for env resets and steps (envs whose steps wait on a process or C code); keep 1
     for ALFWorld, whose game loading is not thread-safe."""
-    experience_k: int = ExperienceConfig.k
-    """``experience.k``: bank entries retrieved per episode when experience is on."""
     seed: int | None = None
     """Base seed of the sampling; each generate call gets the next derived seed."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for gym.make, per env id."""
-    actor_critic_gate: bool = ExperienceConfig.actor_critic_gate
-    """``experience.actor_critic_gate``"""
-    search_and_ask: bool = ExperienceConfig.search_and_ask
-    """``experience.search_and_ask`` (the retriever then needs ``ask``)"""
-    max_asks: int = ExperienceConfig.max_asks
-    """``experience.max_asks``"""
-    max_query_chars: int = ExperienceConfig.max_query_chars
-    """``experience.max_query_chars``"""
 
     def __post_init__(self) -> None:
-        check_settings(ActorConfig, "actor", {
-            "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-            "top_p": self.top_p, "history": self.history, "format_penalty": self.format_penalty})
-        check_settings(ExperienceConfig, "experience", {
-            "k": self.experience_k, "max_asks": self.max_asks,
-            "max_query_chars": self.max_query_chars})
+        check_settings(ActorConfig, "actor",
+                       {name: getattr(self.actor, name) for name in SAMPLING})
+        check_settings(ExperienceConfig, "experience",
+                       {name: getattr(self.experience, name) for name in EXPERIENCE_USE})
+
+    def replace(self, **settings: Any) -> RolloutConfig:
+        """A copy with ``settings`` replaced, each by its field's name: the engine's own, one of
+        the actor's ``SAMPLING`` or of the experience's ``EXPERIENCE_USE`` (the sections are
+        copied, never changed); another name raises ``TypeError``."""
+        by_section: dict[str, dict[str, Any]] = {"actor": {}, "experience": {}, "own": {}}
+        for name, value in settings.items():
+            section = ("actor" if name in SAMPLING else "experience" if name in EXPERIENCE_USE
+                       else "own" if name in _OWN else None)
+            if section is None:
+                raise TypeError(f"Unknown rollout setting {name!r}; give one of "
+                                f"{', '.join((*_OWN, *SAMPLING, *EXPERIENCE_USE))}.")
+            by_section[section][name] = value
+        return dataclasses.replace(
+            self, actor=dataclasses.replace(self.actor, **by_section["actor"]),
+            experience=dataclasses.replace(self.experience, **by_section["experience"]),
+            **by_section["own"])
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, **overrides: Any) -> RolloutConfig:
-        """A training run's rollout settings: the actor's sampling, the experience switches, a
+    def from_config(cls, cfg: TrainConfig | None, **settings: Any) -> RolloutConfig:
+        """The rollout settings of a training run ``cfg``: its actor and experience sections, a
         whole step's episodes at once, ``run.rollout_workers`` threads and its mixture's env
-        kwargs; ``overrides`` replace any of them. The seed stays None: sampling draws from
-        torch's global RNG, which checkpoints carry."""
-        a, e = cfg.actor, cfg.experience
-        settings: dict[str, Any] = dict(
-            max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
-            history=a.history, format_penalty=a.format_penalty,
-            max_live=cfg.tasks.groups_per_step * cfg.tasks.group_size,
-            workers=cfg.run.rollout_workers,
-            experience_k=e.k, seed=None, env_kwargs=env_kwargs_by_id(cfg.tasks.envs),
-            actor_critic_gate=e.actor_critic_gate, search_and_ask=e.search_and_ask,
-            max_asks=e.max_asks, max_query_chars=e.max_query_chars)
-        settings.update(overrides)
-        return cls(**settings)
+        kwargs; None: a bare engine's (the defaults above). ``settings`` replace any of them
+        (``replace``). The seed stays None unless given: a run's sampling draws from torch's
+        global RNG, which checkpoints carry."""
+        if cfg is None:
+            return cls().replace(**settings)
+        return cls(actor=cfg.actor, experience=cfg.experience,
+                   max_live=cfg.tasks.groups_per_step * cfg.tasks.group_size,
+                   workers=cfg.run.rollout_workers,
+                   env_kwargs=env_kwargs_by_id(cfg.tasks.envs)).replace(**settings)
+
+
+SAMPLING = ("max_new_tokens", "temperature", "top_p", "history", "format_penalty")
+"""The ``actor`` settings the engine reads: how it samples a reply and what a reply that breaks
+the answer format costs."""
+EXPERIENCE_USE = ("k", "actor_critic_gate", "search_and_ask", "max_asks", "max_query_chars")
+"""The ``experience`` settings the engine reads: entries retrieved per guided episode, the
+actor-critic gate, search-and-ask and its bounds."""
+_OWN = ("max_live", "workers", "seed", "env_kwargs")

@@ -358,15 +358,12 @@ def test_a_run_setting_is_declared_once_and_reaches_every_part_it_concerns():
     from crl_harness.config import ActorConfig, ExperienceConfig
     from crl_harness.experience import ManagerConfig, RetrievalConfig
     from crl_harness.models import HFBackend
-    from crl_harness.rollout import RolloutConfig
+    from crl_harness.rollout.settings import SAMPLING, RolloutConfig
 
     actor, experience, rollout = ActorConfig(), ExperienceConfig(), RolloutConfig()
-    shared = {"max_new_tokens": actor.max_new_tokens, "top_p": actor.top_p,
-              "history": actor.history, "format_penalty": actor.format_penalty,
-              "experience_k": experience.k, "actor_critic_gate": experience.actor_critic_gate,
-              "search_and_ask": experience.search_and_ask, "max_asks": experience.max_asks,
-              "max_query_chars": experience.max_query_chars}
-    assert {key: getattr(rollout, key) for key in shared} == shared
+    assert {name: getattr(rollout.actor, name) for name in SAMPLING if name != "temperature"} \
+        == {name: getattr(actor, name) for name in SAMPLING if name != "temperature"}
+    assert rollout.experience == experience and rollout.actor.temperature == 1.0  # bare: own
     assert ManagerConfig() == ManagerConfig.from_config(experience)
     assert inspect.signature(HFBackend).parameters["kv_cache_tokens"].default \
         == actor.kv_cache_tokens
@@ -379,9 +376,12 @@ def test_a_run_setting_is_declared_once_and_reaches_every_part_it_concerns():
                              "tasks.group_size=4", "tasks.guided_per_group=2",
                              "run.rollout_workers=2"])
     rollout = RolloutConfig.from_config(cfg, seed=7)
-    assert (rollout.temperature, rollout.top_p, rollout.history, rollout.experience_k,
-            rollout.max_asks, rollout.max_live, rollout.workers,
+    assert (rollout.actor.temperature, rollout.actor.top_p, rollout.actor.history,
+            rollout.experience.k, rollout.experience.max_asks, rollout.max_live, rollout.workers,
             rollout.seed) == (0.5, 0.9, 2, 3, 4, 8, 2, 7)
+    assert rollout.actor is not cfg.actor  # a copy: replacing a setting leaves the run's alone
+    greedy = RolloutConfig.from_config(cfg, temperature=0.0, k=1)
+    assert (greedy.actor.temperature, greedy.experience.k, cfg.actor.temperature) == (0, 1, 0.5)
     manager = ManagerConfig.from_config(cfg.experience, seed=5)
     assert manager.retrieval == RetrievalConfig(index="dense", candidates=8)
     assert (manager.max_transcript_chars, manager.seed) == (500, 5)
@@ -454,7 +454,7 @@ def test_hardening_an_empty_config_file_is_refused_not_trained_with_the_defaults
 
 @pytest.mark.parametrize("section, settings, key", [
     ("rollout", {"top_p": 0.0}, "actor.top_p"),
-    ("rollout", {"experience_k": 0}, "experience.k"),
+    ("rollout", {"k": 0}, "experience.k"),
     ("retrieval", {"count_penalty": float("nan")}, "experience.count_penalty"),
     ("retrieval", {"demotion_prob": 2.0}, "experience.demotion_prob"),
     ("manager", {"max_concurrent_extractions": 0}, "experience.max_concurrent_extractions"),
@@ -465,7 +465,7 @@ def test_hardening_runtime_settings_are_checked_by_the_schema_declarations(secti
     from crl_harness.experience import ManagerConfig, RetrievalConfig
     from crl_harness.rollout import RolloutConfig
 
-    build = {"rollout": RolloutConfig, "retrieval": RetrievalConfig, "manager": ManagerConfig}
+    build = {"rollout": lambda **s: RolloutConfig.from_config(None, **s), "retrieval": RetrievalConfig, "manager": ManagerConfig}
     with pytest.raises(ValueError, match=f"bad setting '{key}': must be"):
         build[section](**settings)
 

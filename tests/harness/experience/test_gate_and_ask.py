@@ -366,8 +366,9 @@ def test_switches_reach_the_rollout_engine(tmp_path):
     cfg = load_config(None, ["experience.actor_critic_gate=true", "experience.search_and_ask=true",
                              "experience.max_asks=3", "experience.max_query_chars=300"])
     rollout = RolloutConfig.from_config(cfg)
-    assert (rollout.actor_critic_gate, rollout.search_and_ask, rollout.max_asks,
-            rollout.max_query_chars) == (True, True, 3, 300)
+    use = rollout.experience
+    assert (use.actor_critic_gate, use.search_and_ask, use.max_asks,
+            use.max_query_chars) == (True, True, 3, 300)
     defaults = load_config(None, []).experience
     assert not defaults.actor_critic_gate and not defaults.search_and_ask
 

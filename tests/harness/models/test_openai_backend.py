@@ -212,7 +212,7 @@ def test_an_overflowing_episode_is_recorded_and_the_eval_goes_on(server, tmp_pat
     pytest.importorskip("nle", reason="the minihack extra: pip install 'crl-gym[minihack]'")
     server.max_messages = 6
     envs = ["CRL/Sokoban-v0", "CRL/MiniHackRoom-v0"]
-    rollout = RolloutConfig(max_new_tokens=16, env_kwargs={
+    rollout = RolloutConfig.from_config(None, max_new_tokens=16, env_kwargs={
         "CRL/Sokoban-v0": {"max_episode_steps": 2},
         "CRL/MiniHackRoom-v0": {"max_episode_steps": 6}})
     agent = f"openai:{server.url}#canned"

@@ -169,7 +169,7 @@ def test_heldout_levels_play_on_the_configs_engine_with_its_kv_budget(tmp_path, 
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
     [cached] = (tmp_path / "cache").glob("*.json")
     hf_cfg = load_config(None, settings)
-    rollout = RolloutConfig(max_new_tokens=8, history=None)
+    rollout = RolloutConfig.from_config(None, max_new_tokens=8, history=None)
     hf_key = heldout.cache_file(tmp_path / "cache", heldout.model_hash(f"hf:{tiny}"),
                                 hf_cfg.tasks.envs[0], seeds, rollout, "float32")
     assert hf_key != cached and heldout.cache_file(

@@ -48,7 +48,7 @@ def test_hardening_experience_is_cut_to_the_context_and_the_batch_goes_on(model_
     the entries still shown are credited."""
     backend = HFBackend(model_path, max_context=2_048)
     engine = RolloutEngine(backend, retriever=Entries(texts), max_new_tokens=8, seed=0,
-                           experience_k=k, env_kwargs=SHORT)
+                           k=k, env_kwargs=SHORT)
     [traj] = engine.run([EpisodeSpec(SOKOBAN, 0, use_experience=True)])
     engine.close()
     assert traj.error == "" and traj.steps == 2

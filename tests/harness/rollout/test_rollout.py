@@ -214,7 +214,7 @@ def test_model_agent_plays_step_by_step(tiny):
     import gymnasium as gym
 
     env = gym.make(SOKOBAN, max_episode_steps=5)
-    agent = ModelAgent(tiny, RolloutConfig(max_new_tokens=4, seed=0))
+    agent = ModelAgent(tiny, RolloutConfig.from_config(None, max_new_tokens=4, seed=0))
     traj = run_episode(env, agent, EpisodeSpec(SOKOBAN, seed=1))
     assert traj.steps == 5 and traj.format_failures == 5 and not traj.won and traj.truncated
     env.close()
@@ -232,7 +232,7 @@ def test_model_agent_shows_the_experience_once_wherever_the_wrapper_placed_it(ti
 
     env = make_env(SOKOBAN, OneLesson(), placement=placement, max_episode_steps=1)
     observation, info = env.reset(seed=1)
-    agent = ModelAgent(tiny, RolloutConfig(max_new_tokens=4, seed=0))
+    agent = ModelAgent(tiny, RolloutConfig.from_config(None, max_new_tokens=4, seed=0))
     agent.reset(observation, info)
     shown = agent.conversation.system + observation
     assert shown.count("Push boxes away from corners.") == 1

@@ -187,7 +187,7 @@ def test_mixed_batch_of_the_rollout_engine_retrieves_from_each_envs_partition(mi
     from crl_harness.models import HFBackend
 
     manager, _, owner = mixed_bank
-    engine = RolloutEngine(HFBackend(tiny), manager, max_new_tokens=4, seed=0, experience_k=2,
+    engine = RolloutEngine(HFBackend(tiny), manager, max_new_tokens=4, seed=0, k=2,
                            env_kwargs={env_id: {"max_episode_steps": 1} for env_id in ENVS})
     try:
         specs = [EpisodeSpec(env_id, seed, group_id=g, use_experience=True)

@@ -157,7 +157,7 @@ def test_co_evolve_trains_both_models_fills_the_bank_and_writes_metrics(models, 
     assert trainer.actor_backend.kv_cache_tokens == cfg.actor.kv_cache_tokens != 2048
     # and its own sampling: actor.* reaches the rollouts, extractor.* the extractor's generator
     rollout, generator = trainer.rollouts.config, trainer.experience.generator
-    assert (rollout.temperature, rollout.max_new_tokens) == (0.7, 32)
+    assert (rollout.actor.temperature, rollout.actor.max_new_tokens) == (0.7, 32)
     assert (generator.temperature, generator.max_new_tokens) == (0.5, 64)
     trainer.train()
 
