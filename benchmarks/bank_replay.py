@@ -127,7 +127,6 @@ def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) ->
     retrieval settings, a fresh in-memory bank of the same entries in order), each lesson
     played on the level."""
     from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
-    from crl_harness.experience.retrieval import RetrievalConfig
     from crl_harness.rollout import make_env
     from crl_harness.warmstart.routes import route_of
 
@@ -136,8 +135,8 @@ def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) ->
     bank = ExperienceBank(":memory:")
     for entry in entries:
         bank.add(entry.env_id, entry.title, entry.content)
-    manager = ExperienceManager(bank, config=ManagerConfig(
-        retrieval=RetrievalConfig.from_config(cfg.experience, cfg.exact_key_envs()), seed=cfg.run.seed))
+    manager = ExperienceManager(bank, config=ManagerConfig.from_config(
+        cfg.experience, cfg.exact_key_envs(), seed=cfg.run.seed))
     env = make_env(env_entry.id, manager, cfg.experience.k, **env_entry.kwargs)
     handed = []
     try:

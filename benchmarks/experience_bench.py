@@ -53,13 +53,13 @@ import numpy as np
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
 from crl_envs.oracles import make_oracle, play_episode
+from crl_harness.config import ExperienceConfig
 from crl_harness.experience import (
     AddEntry,
     DistillationRequest,
     ExperienceBank,
     ExperienceManager,
     ManagerConfig,
-    RetrievalConfig,
     tokenize,
 )
 from crl_harness.experience.retrieval import BM25Index, bm25s
@@ -215,7 +215,7 @@ def bench_retrieval(args: argparse.Namespace, backend: str, n_entries: int,
         bank.apply(synthetic_lessons(n_entries, [env_id], rng))
         start = time.perf_counter()
         manager = ExperienceManager(
-            bank, config=ManagerConfig(retrieval=RetrievalConfig(index=backend)))
+            bank, config=ManagerConfig.from_config(ExperienceConfig(retrieval=backend)))
         index_s = time.perf_counter() - start
         retrieval_round(manager, env_id, queries, max(args.clients), 5)  # warm-up
         for clients in args.clients:

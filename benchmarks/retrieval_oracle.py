@@ -108,22 +108,20 @@ def hit_rate(cfg, seeds: list[int], routes: dict, query: str, rerank: bool,
     with the released re-rank (``rerank``) or none."""
     from dataclasses import replace
 
+    from crl_harness.config import ExperienceConfig
     from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
-    from crl_harness.experience.retrieval import RetrievalConfig
     from crl_harness.rollout import make_env
     from crl_harness.training.sampler import TaskSampler
 
     e = cfg.experience
-    released = RetrievalConfig()  # the re-rank's released settings, whatever the config says
-    retrieval = RetrievalConfig(index=e.retrieval, candidates=released.candidates,
-                                count_penalty=released.count_penalty if rerank else 0.0,
-                                demotion_prob=released.demotion_prob if rerank else 0.0,
-                                recency_window_s=released.recency_window_s)
+    # the re-rank's released settings (the defaults), whatever the config says; no floor
+    rerank_off = {} if rerank else {"count_penalty": 0.0, "demotion_prob": 0.0}
+    released = ExperienceConfig(retrieval=e.retrieval, **rerank_off)
     entry = cfg.tasks.envs[0]
     bank = ExperienceBank(":memory:")
     for seed, lesson in routes.items():
         bank.add(entry.id, lesson.title, lesson.content, generation_id=f"level-{seed}")
-    manager = ExperienceManager(bank, config=ManagerConfig(retrieval=retrieval, seed=cfg.run.seed))
+    manager = ExperienceManager(bank, config=ManagerConfig.from_config(released, seed=cfg.run.seed))
     env = make_env(entry.id, manager, e.k, **entry.kwargs)
     sampler = TaskSampler(replace(cfg.tasks, seeds=seeds), cfg.run.seed)
     hits = n = step = 0

@@ -173,7 +173,7 @@ class ExtractorJobs:
         self._jobs: queue.Queue = queue.Queue()
         self._threads = [threading.Thread(target=self._extract_loop, daemon=True,
                                           name=f"experience-extract-{i}")
-                         for i in range(config.max_concurrent_extractions)]
+                         for i in range(config.experience.max_concurrent_extractions)]
 
     def start(self) -> None:
         """Start the extractor threads."""
@@ -242,7 +242,7 @@ class ExtractorJobs:
     def _distill(self, request: DistillationRequest) -> None:
         shown = [e for e in (self._bank.get(i) for i in request.retrieved_ids) if e is not None]
         prompt = distill_prompt(request, shown, max_ops=self._config.parse_limits.max_ops,
-                                max_transcript_chars=self._config.max_transcript_chars,
+                                max_transcript_chars=self._config.experience.max_transcript_chars,
                                 template=self._distill_template)
         called = self.call(prompt)
         if called is None:

@@ -20,12 +20,17 @@ class ManagerConfig:
     """Settings of the Experience Manager (defaults: the released configuration, but for the
     retrieval batching: one batch per burst of a 64-episode rollout batch, scored by one
     search worker; ``benchmarks/experience_bench.py`` measures the burst). Those a training run
-    sets are declared, with their docs and defaults, in ``ExperienceConfig`` and
-    ``ExtractorConfig``; ``from_config`` reads them from it."""
+    sets are its ``experience`` section's, which ``retrieval`` holds (the manager reads its
+    ``max_concurrent_extractions`` and ``max_transcript_chars``: ``experience``), and the
+    extractor's ``format_penalty``; ``from_config`` builds it from them.
+
+    >>> manager = ManagerConfig.from_config(ExperienceConfig(max_transcript_chars=500), seed=5)
+    >>> manager.experience.max_transcript_chars, manager.retrieval.experience.candidates
+    (500, 16)
+    """
 
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    max_concurrent_extractions: int = ExperienceConfig.max_concurrent_extractions
-    """``experience.max_concurrent_extractions``"""
+    """the retrieval settings, with the run's ``experience`` section"""
     batch_size: int = 64
     """Most retrieval queries served as one batch (released: 32; 64 is a rollout batch, whose
     episodes reset together)."""
@@ -41,8 +46,6 @@ class ManagerConfig:
     smaller batches and its p99 is higher."""
     merge_chunk: int = 5
     """Entries shown to the extractor per merge-pass call."""
-    max_transcript_chars: int = ExperienceConfig.max_transcript_chars
-    """``experience.max_transcript_chars``"""
     parse_limits: ParseLimits = field(default_factory=ParseLimits)
     format_failure_reward: float | None = ExtractorConfig.format_penalty
     """``extractor.format_penalty``: the reward of a generation whose answer was malformed."""
@@ -53,20 +56,23 @@ class ManagerConfig:
     slows rollouts in the same process; the harness flushes before each rollout phase anyway."""
     seed: int = 0
 
+    @property
+    def experience(self) -> ExperienceConfig:
+        """The run's ``experience`` section (the one ``retrieval`` holds)."""
+        return self.retrieval.experience
+
     @classmethod
     def from_config(cls, experience: ExperienceConfig, exact_key_envs: Sequence[str] = (),
                     **settings: Any) -> ManagerConfig:
         """The manager of a run's ``experience`` section; ``exact_key_envs``: the run's envs
-        whose retrieval key is exact (``RetrievalConfig.from_config``); ``settings``: the others
+        whose retrieval key is exact (``RetrievalConfig``); ``settings``: the manager's own
         (e.g. the ``seed`` and ``format_failure_reward`` of the run)."""
-        return cls(retrieval=RetrievalConfig.from_config(experience, exact_key_envs),
-                   max_concurrent_extractions=experience.max_concurrent_extractions,
-                   max_transcript_chars=experience.max_transcript_chars, **settings)
+        return cls(retrieval=RetrievalConfig(experience, frozenset(exact_key_envs)), **settings)
 
     def __post_init__(self) -> None:
         check_settings(ExperienceConfig, "experience", {
-            "max_concurrent_extractions": self.max_concurrent_extractions,
-            "max_transcript_chars": self.max_transcript_chars})
+            "max_concurrent_extractions": self.experience.max_concurrent_extractions,
+            "max_transcript_chars": self.experience.max_transcript_chars})
         check_settings(ExtractorConfig, "extractor", {"format_penalty": self.format_failure_reward})
         for name in ("batch_size", "search_workers"):
             if getattr(self, name) < 1:

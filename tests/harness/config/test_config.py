@@ -383,8 +383,10 @@ def test_a_run_setting_is_declared_once_and_reaches_every_part_it_concerns():
     greedy = RolloutConfig.from_config(cfg, temperature=0.0, k=1)
     assert (greedy.actor.temperature, greedy.experience.k, cfg.actor.temperature) == (0, 1, 0.5)
     manager = ManagerConfig.from_config(cfg.experience, seed=5)
-    assert manager.retrieval == RetrievalConfig(index="dense", candidates=8)
-    assert (manager.max_transcript_chars, manager.seed) == (500, 5)
+    assert manager.retrieval == RetrievalConfig(cfg.experience)
+    assert (manager.retrieval.experience.retrieval, manager.retrieval.experience.candidates) \
+        == ("dense", 8)
+    assert (manager.experience.max_transcript_chars, manager.seed) == (500, 5)
 
 
 @pytest.mark.parametrize("override, key", [
@@ -462,10 +464,13 @@ def test_hardening_an_empty_config_file_is_refused_not_trained_with_the_defaults
 def test_hardening_runtime_settings_are_checked_by_the_schema_declarations(section, settings, key):
     """A setting declared in the schema is checked by that declaration alone, whether a config
     file or code (crl eval, a benchmark) hands it to the runtime object."""
+    from crl_harness.config import ExperienceConfig
     from crl_harness.experience import ManagerConfig, RetrievalConfig
     from crl_harness.rollout import RolloutConfig
 
-    build = {"rollout": lambda **s: RolloutConfig.from_config(None, **s), "retrieval": RetrievalConfig, "manager": ManagerConfig}
+    build = {"rollout": lambda **s: RolloutConfig.from_config(None, **s),
+             "retrieval": lambda **s: RetrievalConfig(ExperienceConfig(**s)),
+             "manager": lambda **s: ManagerConfig.from_config(ExperienceConfig(**s))}
     with pytest.raises(ValueError, match=f"bad setting '{key}': must be"):
         build[section](**settings)
 

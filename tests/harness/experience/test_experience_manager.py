@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from crl_harness.config import ExperienceConfig
 from crl_harness.experience import (
     AddEntry,
     DeleteEntries,
@@ -190,14 +191,14 @@ def test_deletions_are_visible_at_once_and_reopen_restores_index(tmp_path):
 
 
 def test_diversity_rerank_spreads_retrievals(bank):
-    config = ManagerConfig(retrieval=RetrievalConfig(demotion_prob=1.0))
+    config = ManagerConfig.from_config(ExperienceConfig(demotion_prob=1.0))
     with ExperienceManager(bank, config=config) as manager:
         manager.apply([AddEntry(ENV, "Keys", "Pick up the key."),
                        AddEntry(ENV, "Keys too", "The key opens the door.")])
         manager.flush()
         seen = [manager.retrieve(ENV, "key", k=1)[0].title for _ in range(6)]
         assert set(seen) == {"Keys", "Keys too"}
-    no_rerank = ManagerConfig(retrieval=RetrievalConfig(count_penalty=0.0, demotion_prob=0.0))
+    no_rerank = ManagerConfig.from_config(ExperienceConfig(count_penalty=0.0, demotion_prob=0.0))
     with ExperienceManager(bank, config=no_rerank) as manager:
         seen = {manager.retrieve(ENV, "key", k=1)[0].title for _ in range(6)}
         assert len(seen) == 1
@@ -210,7 +211,8 @@ def test_flush_timeout_and_close_without_flush(bank):
         release.wait(10)
         return lesson_extractor(prompt)
 
-    manager = ExperienceManager(bank, slow, ManagerConfig(max_concurrent_extractions=1))
+    manager = ExperienceManager(bank, slow, ManagerConfig.from_config(
+        ExperienceConfig(max_concurrent_extractions=1)))
     for i in range(3):
         manager.submit(request(f"task {i}"))
     assert manager.flush(timeout=0.2) is False
@@ -306,7 +308,7 @@ def test_dense_retrieval_with_the_bundled_model(bank):
     import torch
 
     torch.set_num_threads(1)
-    config = ManagerConfig(retrieval=RetrievalConfig(index="dense"))
+    config = ManagerConfig.from_config(ExperienceConfig(retrieval="dense"))
     with ExperienceManager(bank, config=config) as manager:
         manager.apply([AddEntry(ENV, "Keys", "Pick up the key before walking to the door."),
                        AddEntry(ENV, "Lava", "Never step into the lava river."),
@@ -318,7 +320,7 @@ def test_dense_retrieval_with_the_bundled_model(bank):
 
 def test_bad_config_raises():
     with pytest.raises(ValueError, match="experience.retrieval.: invalid value .tfidf."):
-        RetrievalConfig(index="tfidf")
+        RetrievalConfig(ExperienceConfig(retrieval="tfidf"))
     with pytest.raises(ValueError, match="search_workers"):
         ManagerConfig(search_workers=0)
 

@@ -11,12 +11,12 @@ import time
 import numpy as np
 import pytest
 
+from crl_harness.config import ExperienceConfig
 from crl_harness.experience import (
     AddEntry,
     ExperienceBank,
     ExperienceManager,
     ManagerConfig,
-    RetrievalConfig,
 )
 from crl_harness.experience.retrieval import BM25Index, DenseIndex, bm25s, tokenize
 
@@ -122,7 +122,7 @@ def test_concurrent_burst_gets_single_query_results(tmp_path):
     env_id = "CRL/Sokoban-v0"
     bank = ExperienceBank(tmp_path / "bank.sqlite")
     bank.apply([AddEntry(env_id, f"t{i}", text, "g") for i, text in enumerate(corpus(rng, 300))])
-    config = ManagerConfig(retrieval=RetrievalConfig(count_penalty=0.0, demotion_prob=0.0))
+    config = ManagerConfig.from_config(ExperienceConfig(count_penalty=0.0, demotion_prob=0.0))
     manager = ExperienceManager(bank, config=config)
     queries = random_queries(rng, 59)
     index = BM25Index.from_texts([e.id for e in bank.entries(env_id)],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from crl_harness.config import EnvEntry, TaskConfig
+from crl_harness.config import EnvEntry, ExperienceConfig, TaskConfig
 from crl_harness.experience import (
     AddEntry,
     DistillationRequest,
@@ -16,7 +16,6 @@ from crl_harness.experience import (
     ExperienceBank,
     ExperienceManager,
     ManagerConfig,
-    RetrievalConfig,
     credit_episodes,
     episodes_to_distill,
 )
@@ -33,9 +32,8 @@ def lesson(key: str, moves: str) -> tuple[str, str]:
 
 
 def keyed_manager(bank: ExperienceBank, extractor=None) -> ExperienceManager:
-    return ExperienceManager(bank, extractor, ManagerConfig(
-        retrieval=RetrievalConfig(exact_key_envs=frozenset({ENV}), count_penalty=0.0,
-                                  demotion_prob=0.0)))
+    return ExperienceManager(bank, extractor, ManagerConfig.from_config(
+        ExperienceConfig(count_penalty=0.0, demotion_prob=0.0), exact_key_envs=[ENV]))
 
 
 @pytest.fixture
