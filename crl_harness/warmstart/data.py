@@ -4,7 +4,7 @@ Holds ``play_oracle_episode`` (one episode through the engine's own ``LiveEpisod
 wrappers, system prompt, history and chat template; the replies are the oracle's actions with a
 reason read from the observations), ``earlier_route`` (an earlier attempt at a level and its
 route lesson, ``crl_harness.warmstart.routes``), ``actor_episodes`` (the mix of plain, noisy,
-advised and lesson-following episodes),
+advised and lesson-following episodes: ``crl_harness.warmstart.lessons``),
 ``extractor_episodes`` (episodes for the extractor, as many of each answer class as of the
 others), ``answer_class``, ``extractor_prompt`` (the Experience Manager's distillation prompt
 for an episode), ``taught_answer`` (the operations answer built from its transcript) and
@@ -20,20 +20,14 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any
 
-import crl_envs
 from crl_envs.oracles import make_oracle
 from crl_harness.experience.distill import DistillationRequest, distill_prompt
 from crl_harness.experience.entries import ExperienceEntry
 from crl_harness.models.base import encode_chat
 from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env, transcript_of
-from crl_harness.warmstart.reasons import REASONS, break_off_reason, random_reason
-from crl_harness.warmstart.routes import (
-    advice_check,
-    route_advice,
-    route_content,
-    route_moves,
-    winning_route,
-)
+from crl_harness.warmstart.lessons import KeyLessons, LessonTurns
+from crl_harness.warmstart.reasons import REASONS, random_reason
+from crl_harness.warmstart.routes import advice_check, route_advice, route_content, winning_route
 
 __all__ = ["AdvisedEpisode", "earlier_route",
            "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_case", "answer_class",
@@ -93,22 +87,15 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
     ones the advice names) and says so; with ``advice`` and no ``route`` the entry is another
     level's, and the first reason says it is set aside. With ``lesson`` the entry is the env's
     transferable lesson of the level's key (``crl_envs.transferable_lesson``), played by its
-    policy (``crl_envs.lesson_policy``): its moves ("The lesson from my start cell: move 2 of 5
-    is south."), and on the turn the goal comes into view, where the lesson says to break off,
-    the walk to it (``break_off_reason`` on that turn, the env's reasons after); once the
-    policy says no more, the oracle plays on.
+    policy (``LessonTurns``): its moves, and on the turn the goal comes into view, where the
+    lesson says to break off, the walk to it; once the policy says no more, the oracle plays on.
     """
     if env_id not in REASONS:
         raise ValueError(f"No honest oracle reasons for {env_id}; warm start supports "
                          f"{', '.join(REASONS)}.")
-    policy = None
-    if lesson:
-        if advice is None or route is not None:
-            raise ValueError("lesson=True plays the advice's lesson: give advice and no route")
-        policy = crl_envs.lesson_policy(env_id, advice.content)
-        if policy is None:
-            raise ValueError(f"{advice.id} states no lesson {env_id}'s lesson policy reads")
-        lesson_moves = len(route_moves(advice.content) or ())
+    if lesson and (advice is None or route is not None):
+        raise ValueError("lesson=True plays the advice's lesson: give advice and no route")
+    lesson_turns = LessonTurns(env_id, advice) if lesson else None
     rng = rng or random.Random(seed)
     env = make_env(env_id, _FixedAdvice(advice) if advice else None, 1, **(env_kwargs or {}))
     try:
@@ -120,8 +107,6 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
         budget = max_context - max_new_tokens
         traj = episode.trajectory
         left_plan = False  # a route or lesson move left the oracle's plan
-        played = 0  # the lesson's moves played so far
-        broke_off = False  # the lesson was left for the goal in view
         state = episode.observation  # the last observation of a move the env took
         while not episode.done and traj.steps < episode.max_turns:
             observation, info = episode.observation, episode.info
@@ -130,26 +115,13 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
             allowed = [a for a in info.get("admissible_actions") or [] if not _PLACEHOLDER.search(a)]
             planned: str | None = None  # the oracle's move, where asked (a noise turn does not)
             check = advice_check(advice, observation) if advice is not None and t == 0 else None
-            said = policy(observation) if policy is not None else None
-            if said is None:
-                policy = None  # the lesson says no more (its moves spent): the oracle plays on
+            # the lesson's turn, until it says no more: then the oracle plays on
+            said = lesson_turns.next(observation, earlier, check) if lesson_turns else None
             following = said is not None or (route is not None and t < len(route))
             if following and not left_plan:  # once a move left the oracle's plan, no need to ask
                 planned = oracle.act(observation, info)
             if said is not None:
-                action = said
-                # only a policy that breaks off for the goal has ``to_goal``
-                if not getattr(policy, "to_goal", False):
-                    played += 1
-                    reason = (f"{check}: mine; the lesson's move 1 of {lesson_moves} is {action}."
-                              if check else
-                              f"The lesson from my start cell: move {played} of {lesson_moves} "
-                              f"is {action}.")
-                elif broke_off:
-                    reason = REASONS[env_id](observation, action, earlier)
-                else:
-                    broke_off = True
-                    reason = break_off_reason(env_id)
+                action, reason = said
             elif route is not None and t < len(route):
                 action = route[t]
                 # a long move (WebShop's search of a whole instruction) is not said twice
@@ -208,29 +180,6 @@ def earlier_route(env_id: str, seed: int, **play: Any) -> tuple[ExperienceEntry,
                         task=attempt.task, key=attempt.retrieval_key), route
 
 
-class _KeyLessons:
-    """The env's transferable lesson (``crl_envs.transferable_lesson``) of a level's retrieval
-    key within its step limit, as an entry (id ``lesson-SEED``); the key is read from a reset of
-    one env, made at the first level asked about."""
-
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None,
-                 options: dict[str, Any] | None) -> None:
-        self.env_id, self.env_kwargs, self.options = env_id, env_kwargs or {}, options
-        self.env: Any = None
-
-    def __call__(self, seed: int) -> ExperienceEntry | None:
-        if self.env is None:
-            self.env = make_env(self.env_id, None, 1, **self.env_kwargs)
-        _, info = self.env.reset(seed=seed, options=dict(self.options or {}) or None)
-        key = str(info.get("retrieval_query") or info.get("task") or "")
-        written = crl_envs.transferable_lesson(self.env_id, key, self.env.spec.max_episode_steps)
-        return ExperienceEntry(f"lesson-{seed}", self.env_id, *written) if written else None
-
-    def close(self) -> None:
-        if self.env is not None:
-            self.env.close()
-
-
 def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fraction: float,
                    rng: random.Random, lesson_fraction: float = 0.0,
                    **play: Any) -> list[AdvisedEpisode]:
@@ -248,7 +197,7 @@ def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fr
     warm start without the setting."""
     episodes: list[AdvisedEpisode] = []
     own_routes: list[ExperienceEntry] = []
-    with closing(_KeyLessons(env_id, play.get("env_kwargs"), play.get("options"))) as lessons:
+    with closing(KeyLessons(env_id, play.get("env_kwargs"), play.get("options"))) as lessons:
         for seed in seeds:
             # no draw at 0: the other episodes stay what they were before the setting
             if lesson_fraction and rng.random() < lesson_fraction:

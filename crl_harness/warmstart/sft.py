@@ -259,8 +259,9 @@ def _warm_actor(cfg: TrainConfig, out: Path, rng: random.Random,
     for entry in cfg.tasks.envs:
         episodes += actor_episodes(
             entry.id, seeds, noise=w.noise, experience_fraction=w.experience_fraction, rng=rng,
-            lesson_fraction=w.lesson_fraction, tokenizer=tokenizer, max_context=actor_backend.max_context,
-            max_new_tokens=cfg.actor.max_new_tokens, history=cfg.actor.history,
+            lesson_fraction=w.lesson_fraction, tokenizer=tokenizer,
+            max_context=actor_backend.max_context, max_new_tokens=cfg.actor.max_new_tokens,
+            history=cfg.actor.history,
             env_kwargs=entry.kwargs, options=entry.options or None)
     check_reply_lengths([t for e in episodes for t in e.trajectory.turns],
                         cfg.actor.max_new_tokens, "actor")
