@@ -200,6 +200,13 @@ class WarmStartConfig:
     experience_fraction: float = bounded(0.5, ge=0, le=1)
     """fraction of actor episodes whose system prompt carries the winning moves of an earlier
     attempt at the same level, which the target follows (the rest carry none)"""
+    lesson_fraction: float = bounded(0.0, ge=0, le=1)
+    """fraction of actor episodes, on levels whose env writes a transferable lesson for their
+    key (``crl_envs.transferable_lesson``: a dark MiniHack Room's sweep from the start cell),
+    that carry that lesson and follow it until the goal comes into view, then break it off and
+    walk there (only won ones are kept; the rest are drawn as without it). A warm actor taught
+    only routes plays a shown lesson to its end and walks past the stairs it sees. 0 (the
+    default): no such episodes, the shipped adapters' recipe"""
     extractor_samples: int = bounded(16, ge=0)
     """extractor samples (the Experience Manager's prompt for a warm-start episode and an
     operations answer built from it), as many answering add, return, upvote and downvote

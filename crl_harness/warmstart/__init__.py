@@ -2,6 +2,7 @@
 
 - ``reasons``: short true reasons for an action, read from the observation;
 - ``data``: oracle episodes rendered as the rollout engine renders them, advice, extractor samples;
+- ``lessons``: episodes that follow a transferable lesson and break it off for the goal;
 - ``sft``: LoRA fine-tuning with the learner and ``sft_loss``, atomic adapter files.
 """
 

@@ -2,8 +2,9 @@
 
 Holds ``play_oracle_episode`` (one episode through the engine's own ``LiveEpisode``: same env
 wrappers, system prompt, history and chat template; the replies are the oracle's actions with a
-reason read from the observations), ``earlier_route`` (an earlier attempt at a level and its route lesson, ``crl_harness.warmstart.routes``), ``actor_episodes`` (the mix
-of plain, noisy and advised episodes),
+reason read from the observations), ``earlier_route`` (an earlier attempt at a level and its
+route lesson, ``crl_harness.warmstart.routes``), ``actor_episodes`` (the mix of plain, noisy,
+advised and lesson-following episodes: ``crl_harness.warmstart.lessons``),
 ``extractor_episodes`` (episodes for the extractor, as many of each answer class as of the
 others), ``answer_class``, ``extractor_prompt`` (the Experience Manager's distillation prompt
 for an episode), ``taught_answer`` (the operations answer built from its transcript) and
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,6 +25,7 @@ from crl_harness.experience.distill import DistillationRequest, distill_prompt
 from crl_harness.experience.entries import ExperienceEntry
 from crl_harness.models.base import encode_chat
 from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env, transcript_of
+from crl_harness.warmstart.lessons import KeyLessons, LessonTurns
 from crl_harness.warmstart.reasons import REASONS, random_reason
 from crl_harness.warmstart.routes import advice_check, route_advice, route_content, winning_route
 
@@ -48,6 +51,7 @@ class AdvisedEpisode:
     trajectory: Trajectory
     advice: ExperienceEntry | None = None
     followed: bool = True  # False: the entry was another level's and the episode set it aside
+    lesson: bool = False  # the entry is the env's transferable lesson of the level's key
 
 
 class _FixedAdvice:
@@ -71,7 +75,7 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
                         options: dict[str, Any] | None = None, noise: float = 0.0,
                         rng: random.Random | None = None,
                         advice: ExperienceEntry | None = None,
-                        route: list[str] | None = None) -> Trajectory:
+                        route: list[str] | None = None, lesson: bool = False) -> Trajectory:
     """Play one episode with the scripted oracle, recording each turn as the engine would.
 
     Each turn's prompt is what ``RolloutEngine`` would send (``LiveEpisode``'s conversation,
@@ -81,11 +85,17 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
     random allowed action instead (a form such as ``search[<query>]`` is not one). With ``advice`` the system prompt
     carries the entry, and for the first ``len(route)`` turns it plays the route's moves (the
     ones the advice names) and says so; with ``advice`` and no ``route`` the entry is another
-    level's, and the first reason says it is set aside.
+    level's, and the first reason says it is set aside. With ``lesson`` the entry is the env's
+    transferable lesson of the level's key (``crl_envs.transferable_lesson``), played by its
+    policy (``LessonTurns``): its moves, and on the turn the goal comes into view, where the
+    lesson says to break off, the walk to it; once the policy says no more, the oracle plays on.
     """
     if env_id not in REASONS:
         raise ValueError(f"No honest oracle reasons for {env_id}; warm start supports "
                          f"{', '.join(REASONS)}.")
+    if lesson and (advice is None or route is not None):
+        raise ValueError("lesson=True plays the advice's lesson: give advice and no route")
+    lesson_turns = LessonTurns(env_id, advice) if lesson else None
     rng = rng or random.Random(seed)
     env = make_env(env_id, _FixedAdvice(advice) if advice else None, 1, **(env_kwargs or {}))
     try:
@@ -96,7 +106,7 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
         oracle.reset(episode.observation, episode.info)
         budget = max_context - max_new_tokens
         traj = episode.trajectory
-        left_route = False
+        left_plan = False  # a route or lesson move left the oracle's plan
         state = episode.observation  # the last observation of a move the env took
         while not episode.done and traj.steps < episode.max_turns:
             observation, info = episode.observation, episode.info
@@ -105,10 +115,15 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
             allowed = [a for a in info.get("admissible_actions") or [] if not _PLACEHOLDER.search(a)]
             planned: str | None = None  # the oracle's move, where asked (a noise turn does not)
             check = advice_check(advice, observation) if advice is not None and t == 0 else None
-            if route is not None and t < len(route):
+            # the lesson's turn, until it says no more: then the oracle plays on
+            said = lesson_turns.next(observation, earlier, check) if lesson_turns else None
+            following = said is not None or (route is not None and t < len(route))
+            if following and not left_plan:  # once a move left the oracle's plan, no need to ask
+                planned = oracle.act(observation, info)
+            if said is not None:
+                action, reason = said
+            elif route is not None and t < len(route):
                 action = route[t]
-                if not left_route:  # once the route left the oracle's plan, no need to ask
-                    planned = oracle.act(observation, info)
                 # a long move (WebShop's search of a whole instruction) is not said twice
                 named = f" is {action}" if len(action) <= 40 else ""
                 reason = (f"{check}: mine; its move 1 of {len(route)}{named}." if check else
@@ -119,7 +134,7 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
             else:
                 planned = action = oracle.act(observation, info)
                 reason = REASONS[env_id](observation, action, earlier)
-            if advice is not None and route is None and t == 0:
+            if advice is not None and route is None and not lesson and t == 0:
                 # the check, then the move alone: with the move's own reason too, the reply
                 # outgrows cpu-demo's 64 new tokens
                 reason = (f"{check}: set aside; I play {action}." if check
@@ -141,7 +156,7 @@ def play_oracle_episode(env_id: str, seed: int, *, tokenizer: Any, max_context: 
                 # The oracle learns blocked moves from its own last move; after a move it did
                 # not choose, it starts afresh from the state now: an invalid move left it as
                 # it was, and its message (no map) is no state to plan from.
-                left_route = route is not None and t < len(route)
+                left_plan = following
                 oracle.reset(state, episode.info)
         traj.transcript = transcript_of(traj.task, traj.turns, traj.won, traj.score,
                                         level=traj.retrieval_key, env_id=traj.env_id)
@@ -166,35 +181,52 @@ def earlier_route(env_id: str, seed: int, **play: Any) -> tuple[ExperienceEntry,
 
 
 def actor_episodes(env_id: str, seeds: list[int], *, noise: float, experience_fraction: float,
-                   rng: random.Random, **play: Any) -> list[AdvisedEpisode]:
-    """One episode per seed. ``experience_fraction`` of them carry an entry: mostly the route that
-    an earlier, unhurried, noise-free attempt at the same level found, which the episode follows
-    (if following it does not win, a plain episode replaces it: the actor only learns to follow
-    advice that is right); ``FOREIGN_SHARE`` of them another level's route, which the episode
-    sets aside (a bank holds entries of other levels; retrieval can bring one). The others play
-    with ``noise``."""
+                   rng: random.Random, lesson_fraction: float = 0.0,
+                   **play: Any) -> list[AdvisedEpisode]:
+    """One episode per seed. ``lesson_fraction`` of them, where the env writes a transferable
+    lesson for the level's key (``crl_envs.transferable_lesson``), carry that lesson and follow
+    it until the goal comes into view, then walk to it (``play_oracle_episode``'s ``lesson``;
+    the actor learns to break a lesson off, not only to play a route to its end); one that does
+    not win that way, or a level without such a lesson, is drawn as the others are. Of the
+    others, ``experience_fraction`` carry an entry: mostly the route that an earlier, unhurried,
+    noise-free attempt at the same level found, which the episode follows (if following it does
+    not win, a plain episode replaces it: the actor only learns to follow advice that is right);
+    ``FOREIGN_SHARE`` of them another level's route, which the episode sets aside (a bank holds
+    entries of other levels; retrieval can bring one). The others play with ``noise``. With
+    ``lesson_fraction`` 0 no lesson is drawn: the episodes (and ``rng``'s draws) are those of a
+    warm start without the setting."""
     episodes: list[AdvisedEpisode] = []
     own_routes: list[ExperienceEntry] = []
-    for seed in seeds:
-        if rng.random() < experience_fraction:
-            found = earlier_route(env_id, seed, **play)
-            if found is not None:
-                entry, route = found
-                foreign = [e for e in own_routes if e.title != entry.title]
-                if foreign and rng.random() < FOREIGN_SHARE:
-                    other = rng.choice(foreign)
-                    episodes.append(AdvisedEpisode(play_oracle_episode(
-                        env_id, seed, noise=noise, rng=rng, advice=other, **play), other,
-                        followed=False))
-                    continue
-                own_routes.append(entry)
-                traj = play_oracle_episode(env_id, seed, rng=rng, advice=entry, route=route,
-                                           **play)
-                if traj.won:
-                    episodes.append(AdvisedEpisode(traj, entry))
-                    continue
-        episodes.append(AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
-                                                           **play)))
+    with closing(KeyLessons(env_id, play.get("env_kwargs"), play.get("options"))) as lessons:
+        for seed in seeds:
+            # no draw at 0: the other episodes stay what they were before the setting
+            if lesson_fraction and rng.random() < lesson_fraction:
+                lesson = lessons(seed)
+                if lesson is not None:
+                    traj = play_oracle_episode(env_id, seed, rng=rng, advice=lesson, lesson=True,
+                                               **play)
+                    if traj.won:
+                        episodes.append(AdvisedEpisode(traj, lesson, lesson=True))
+                        continue
+            if rng.random() < experience_fraction:
+                found = earlier_route(env_id, seed, **play)
+                if found is not None:
+                    entry, route = found
+                    foreign = [e for e in own_routes if e.title != entry.title]
+                    if foreign and rng.random() < FOREIGN_SHARE:
+                        other = rng.choice(foreign)
+                        episodes.append(AdvisedEpisode(play_oracle_episode(
+                            env_id, seed, noise=noise, rng=rng, advice=other, **play), other,
+                            followed=False))
+                        continue
+                    own_routes.append(entry)
+                    traj = play_oracle_episode(env_id, seed, rng=rng, advice=entry, route=route,
+                                               **play)
+                    if traj.won:
+                        episodes.append(AdvisedEpisode(traj, entry))
+                        continue
+            episodes.append(AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise,
+                                                               rng=rng, **play)))
     return episodes
 
 

@@ -30,7 +30,7 @@ from crl_envs.alfworld.env import TASK_PREFIX
 from crl_envs.minihack.oracle import MOVES, parse_observation
 
 __all__ = ["REASONS", "minihack_reason", "sokoban_reason", "webshop_reason", "alfworld_reason",
-           "random_reason"]
+           "random_reason", "BREAK_OFF_REASONS", "break_off_reason"]
 
 
 def minihack_reason(observation: str, action: str, earlier: Sequence[str] = ()) -> str:
@@ -320,6 +320,26 @@ def alfworld_reason(observation: str, action: str, earlier: Sequence[str] = ()) 
 def random_reason(observation: str, action: str, earlier: Sequence[str] = ()) -> str:
     """The reason of a noise turn: a try, with no claim about the state."""
     return f"I try {action}."
+
+
+_STAIRS_IN_VIEW = "The stairs > are in view: I leave the lesson and walk to them."
+BREAK_OFF_REASONS: dict[str, str] = {
+    "CRL/MiniHackRoom-v0": _STAIRS_IN_VIEW,
+    "CRL/MiniHackMaze-v0": _STAIRS_IN_VIEW,
+    "CRL/MiniHackKeyRoom-v0": _STAIRS_IN_VIEW,
+    "CRL/MiniHackRiver-v0": _STAIRS_IN_VIEW,
+}
+"""the reason of the turn that breaks a transferable lesson off, by env: its goal came into view"""
+
+
+def break_off_reason(env_id: str) -> str:
+    """Why an episode leaves the lesson it followed: the goal is in view (the observation that
+    the lesson's policy broke off on shows it), so it walks there.
+
+    >>> break_off_reason("CRL/MiniHackRoom-v0")
+    'The stairs > are in view: I leave the lesson and walk to them.'
+    """
+    return BREAK_OFF_REASONS.get(env_id, "The goal is in view: I leave the lesson and walk to it.")
 
 
 REASONS: dict[str, Callable[[str, str, Sequence[str]], str]] = {

@@ -259,8 +259,9 @@ def _warm_actor(cfg: TrainConfig, out: Path, rng: random.Random,
     for entry in cfg.tasks.envs:
         episodes += actor_episodes(
             entry.id, seeds, noise=w.noise, experience_fraction=w.experience_fraction, rng=rng,
-            tokenizer=tokenizer, max_context=actor_backend.max_context,
-            max_new_tokens=cfg.actor.max_new_tokens, history=cfg.actor.history,
+            lesson_fraction=w.lesson_fraction, tokenizer=tokenizer,
+            max_context=actor_backend.max_context, max_new_tokens=cfg.actor.max_new_tokens,
+            history=cfg.actor.history,
             env_kwargs=entry.kwargs, options=entry.options or None)
     check_reply_lengths([t for e in episodes for t in e.trajectory.turns],
                         cfg.actor.max_new_tokens, "actor")
@@ -270,8 +271,10 @@ def _warm_actor(cfg: TrainConfig, out: Path, rng: random.Random,
                              "check tasks.envs and warmstart.episodes")
     data_time = time.perf_counter() - t0
     won = sum(e.trajectory.won for e in episodes)
+    lessons = sum(e.lesson for e in episodes)
     log(f"warmstart: {len(episodes)} oracle episodes ({won} won, "
-        f"{sum(e.advice is not None for e in episodes)} with advice), {len(rows)} actor rows, "
+        f"{sum(e.advice is not None for e in episodes)} with advice, {lessons} of them a "
+        f"transferable lesson), {len(rows)} actor rows, "
         f"{sum(r.trained_tokens for r in rows)} target tokens, in {data_time:.0f} s")
 
     t1 = time.perf_counter()
@@ -284,6 +287,7 @@ def _warm_actor(cfg: TrainConfig, out: Path, rng: random.Random,
                             "supervised (crl-gym's warm start)")
     return {"episodes": len(episodes), "episodes_won": won,
             "episodes_with_advice": sum(e.advice is not None for e in episodes),
+            "episodes_with_lesson": lessons,
             "actor_rows": len(rows), "actor_target_tokens": sum(r.trained_tokens for r in rows),
             "actor_loss_first": actor_losses[0], "actor_loss_last": actor_losses[-1],
             "actor_losses": actor_losses, "data_seconds": data_time,

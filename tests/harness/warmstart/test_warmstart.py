@@ -11,7 +11,11 @@ import re
 import pytest
 import torch
 
+import crl_envs
+from crl_envs.minihack.oracle import parse_observation
+from crl_envs.minihack.oracle.lessons import BREAK_OFF
 from crl_harness.config import ConfigError, load_config
+from crl_harness.experience.entries import ExperienceEntry
 from crl_harness.experience.operations import Vote, parse_distillation
 from crl_harness.models import HFBackend
 from crl_harness.models.base import Generation, encode_chat
@@ -28,7 +32,7 @@ from crl_harness.warmstart.data import (
     extractor_sample,
     play_oracle_episode,
 )
-from crl_harness.warmstart.routes import advice_check, route_advice, winning_route
+from crl_harness.warmstart.routes import advice_check, route_advice, route_moves, winning_route
 from crl_harness.warmstart.sft import sample_rows
 
 ROOM = "CRL/MiniHackRoom-v0"
@@ -231,6 +235,95 @@ def test_actor_episodes_mix_followed_and_foreign_advice(backend):
         parsed = parse_distillation(sample.text, 1)
         assert parsed.ok and not any(isinstance(op, Vote) for op in parsed.ops)
 
+
+
+def _lesson_episodes(backend, seeds, **kwargs):
+    return actor_episodes(ROOM, seeds, noise=0.1, rng=random.Random(2),
+                          tokenizer=backend.tokenizer, max_context=backend.max_context,
+                          max_new_tokens=64, history=None, env_kwargs=DARK, **kwargs)
+
+
+def test_lesson_episodes_follow_the_lesson_and_break_off_when_the_stairs_come_into_view(backend):
+    episodes = _lesson_episodes(backend, list(range(12)), experience_fraction=0.0,
+                                lesson_fraction=1.0)
+    lessons = [e for e in episodes if e.lesson]
+    broken_off = 0
+    assert len(lessons) >= 10 and all(e.trajectory.won for e in lessons)
+    for e in lessons:
+        traj = e.trajectory
+        # the level's transferable lesson (its key's, within the step limit), in the system prompt
+        assert (e.advice.title, e.advice.content) == crl_envs.transferable_lesson(
+            ROOM, traj.retrieval_key, DARK["max_episode_steps"])
+        assert e.advice.text in backend.tokenizer.decode(traj.turns[0].prompt_token_ids)
+        moves = route_moves(e.advice.content)
+        policy = crl_envs.lesson_policy(ROOM, e.advice.content)
+        # a sweep breaks off where the stairs come into view; a key that shows them, a route
+        seen = [BREAK_OFF in e.advice.content and bool(parse_observation(t.observation).find(">"))
+                for t in traj.turns]
+        first_seen = seen.index(True) if True in seen else None
+        for t, turn in enumerate(traj.turns):
+            assert turn.action == policy(turn.observation)  # the lesson's move, or the walk
+            think = parse_answer(turn.text).think
+            if first_seen is None or t < first_seen:
+                assert not policy.to_goal and turn.action == moves[t]
+                said = f"move {t + 1} of {len(moves)} is {turn.action}."
+                assert think.endswith(f"mine; the lesson's {said}" if t == 0 else
+                                      f"The lesson from my start cell: {said}"), think
+            elif t == first_seen:  # the break-off, said on the turn the stairs are in view
+                assert policy.to_goal
+                assert think == "The stairs > are in view: I leave the lesson and walk to them."
+                broken_off += 1
+            else:
+                assert policy.to_goal and "lesson" not in think
+    assert broken_off >= 8
+
+
+def test_lesson_spent_without_the_stairs_in_view_the_oracle_plays_on(backend):
+    first = _play(backend, seed=2)
+    key = first.retrieval_key
+    assert key.endswith("in view: nothing notable")
+    move = crl_envs.transferable_lesson(ROOM, key, 8)[1].split("play ")[1].split(",")[0]
+    short = ExperienceEntry("short", ROOM, f"Winning moves from {key}",
+                            f"from the start, play {move}. {BREAK_OFF}")
+    traj = _play(backend, seed=2, advice=short, lesson=True)
+    thinks = [parse_answer(t.text).think for t in traj.turns]
+    assert traj.turns[0].action == move and thinks[0].endswith(f"the lesson's move 1 of 1 is {move}.")
+    assert not parse_observation(traj.turns[1].observation).find(">")  # spent, stairs unseen
+    assert len(thinks) > 2 and all(t.startswith("I move ") for t in thinks[1:]), thinks
+    with pytest.raises(ValueError, match="give advice and no route"):
+        _play(backend, seed=2, lesson=True)
+
+
+def test_lesson_fraction_zero_gives_the_episodes_of_a_warm_start_without_it(backend):
+    # Pinned from the code before warmstart.lesson_fraction: no lesson is drawn at 0, so the
+    # random draws, and with them every episode, are what they were.
+    before = [(None, True, "south"), ("route-1", True, "north northwest northwest"),
+              ("route-2", True, "south southwest"), (None, True, "northeast southeast south"),
+              (None, True, "southwest northwest southwest east east southeast southeast"),
+              (None, True, "northwest northwest north northwest east southeast northeast "
+                           "southwest"),
+              ("route-1", False, "northwest northwest northeast northwest east south southeast "
+                                 "northeast"),
+              ("route-7", True, "east northeast")]
+    episodes = _lesson_episodes(backend, list(range(8)), experience_fraction=0.5,
+                                lesson_fraction=0.0)
+    assert [(e.advice.id if e.advice else None, e.followed,
+             " ".join(t.action for t in e.trajectory.turns)) for e in episodes] == before
+    default = _lesson_episodes(backend, list(range(8)), experience_fraction=0.5)
+    assert [t.text for e in episodes for t in e.trajectory.turns] == \
+        [t.text for e in default for t in e.trajectory.turns]
+    assert not any(e.lesson for e in episodes)
+
+
+def test_hardening_warmstart_lesson_fraction_is_a_share():
+    for value in ("1.5", "-0.1"):
+        with pytest.raises(ConfigError, match=r"'warmstart.lesson_fraction': must be in \[0, 1\]"
+                           ) as err:
+            load_config("cpu-demo", [f"warmstart.lesson_fraction={value}"])
+        assert "\n" not in str(err.value)
+    assert load_config("cpu-demo").warmstart.lesson_fraction == 0.0  # the shipped recipe
+    assert load_config("cpu-demo", ["warmstart.lesson_fraction=0.3"]).warmstart.lesson_fraction \
+        == 0.3
 
 def test_extractor_answers_parse_and_follow_the_outcome(backend):
     episodes = actor_episodes(ROOM, [3, 4], noise=0.0, experience_fraction=1.0,
@@ -513,6 +606,14 @@ def test_warmstart_only_extractor_keeps_the_actor_and_its_record(tiny, tmp_path)
     assert again["extractor_config"]["extractor_samples"] == 8
     assert again["extractor_classes"] == {name: 2 for name in ANSWER_CLASSES}
 
+
+def test_warmstart_lesson_fraction_teaches_the_actor_lessons(tiny, tmp_path):
+    out = run_warmstart(_config(tiny, tmp_path, "warmstart.epochs=1",
+                                "warmstart.experience_fraction=0", "warmstart.lesson_fraction=1"),
+                        log=lambda _: None, only="actor")
+    # cpu-demo's dark rooms: every level's key has a lesson, and the oracle's episodes win
+    assert out["episodes_with_lesson"] == out["episodes_with_advice"] == out["episodes"] == 3
+    assert out["config"]["lesson_fraction"] == 1
 
 def test_hardening_warmstart_only_bad_values(tiny, tmp_path, capsys):
     from crl_harness.cli import main
