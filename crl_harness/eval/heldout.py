@@ -151,9 +151,10 @@ def evaluate_levels(cfg: Any, actor: str,
     from crl_harness.eval import evaluate, write_report
     from crl_harness.rollout import EpisodeSpec, RolloutConfig
 
-    # greedy, one lesson's effect as it is: no gate, no asks, whatever the run does
+    # greedy, one lesson's effect as it is: no gate, no asks, whatever the run does; 64 levels
+    # at once whatever a training step's batch (fewer, longer batches: the held-out set is 96+)
     rollout = RolloutConfig.from_config(cfg, temperature=0.0, actor_critic_gate=False,
-                                        search_and_ask=False)
+                                        search_and_ask=False, max_live=64)
     fingerprint = model_hash(actor) if cache is not None else None
     if actor.startswith("hf:"):
         from crl_harness.models.engines import resolve_rollout_engines
