@@ -14,10 +14,12 @@ For each arm and repeat it trains a fresh run into ``--out`` (default a fresh
 from the shipped warm start; ``--set key=value`` overrides every arm), reads its
 ``metrics.jsonl``, and plays the checkpoint that its trainer returned greedily on
 ``--eval-levels`` held-out levels (default 128), one episode a level, without a bank
-(``ARM-seedN/heldout.json``: every level's outcome). The warm start plays the same levels
+(``ARM-seedN/heldout.json``: every level's outcome), and an arm that uses experience also with
+its run's bank. The warm start plays the same levels
 (cached: free the second time). Printed: per arm, held-out success and its paired difference
 against the warm start (levels x seeds pooled), every pair of arms paired the same way, and guided
-against free inside the same groups of training (paired slot by slot), each with its 95%
+against free inside the same groups of training, an experience arm's actor with its bank
+against itself without and against arm none's actor (paired slot by slot), each with its 95%
 interval and McNemar's exact p; and the extractor's own quality at the start and the end of
 the runs (``--extractor-quality`` episodes of held-out levels over the cases the warm start teaches,
 ``extractor_quality.py``'s measure: the warm extractor, and each co-evolve run's final one). Runs train ``--jobs`` at a time (default 1), each in a process of its own
@@ -60,6 +62,10 @@ def run_config(config: str, arm: str, actor: str | None, seed: int, steps: int |
     if actor:
         settings.append(f"actor.model={actor}")
     return load_config(config, settings)
+
+
+WITH_BANK = "held-out, with its bank"
+"""the case of a run's actor on the held-out levels with its run's bank"""
 
 
 def heldout_seeds(cfg, levels: int) -> list[int]:
@@ -106,8 +112,12 @@ def run_arm(levels: int, quality_episodes: int, report_to: list[str], *run: obje
         finally:
             trackers.close()
         actor = trainer.last_checkpoint / "actor_hf"
-        outcomes = evaluate_levels(cfg, f"hf:{actor}", {"held-out": (heldout_seeds(cfg, levels),
-                                                                     False)}, run_dir / "eval")
+        seeds = heldout_seeds(cfg, levels)
+        cases = {"held-out": (seeds, False)}
+        if cfg.uses_experience:  # and with the run's bank: do its lessons lift unseen levels?
+            cases[WITH_BANK] = (seeds, True)
+        outcomes = evaluate_levels(cfg, f"hf:{actor}", cases, run_dir / "eval",
+                                   bank=run_dir / "bank.sqlite")
         if quality_episodes and cfg.arm == "co-evolve" and trainer.extractor is not None:
             base = actor_adapter_base(cfg.extractor.model, trainer.extractor.lora)
             if base is None:
@@ -119,7 +129,8 @@ def run_arm(levels: int, quality_episodes: int, report_to: list[str], *run: obje
     except (UserFacingError, OSError) as err:
         raise SystemExit(f"efficacy: {cfg.run.output_dir}: {err}") from None
     (run_dir / "heldout.json").write_text(json.dumps(
-        {"actor": str(actor), "outcomes": outcomes["held-out"]}, indent=2))
+        {"actor": str(actor), "outcomes": outcomes["held-out"],
+         "outcomes_with_bank": outcomes.get(WITH_BANK)}, indent=2))
     print(f"  {cfg.arm} seed {cfg.run.seed}: {time.perf_counter() - start:.0f} s", flush=True)
 
 
@@ -231,9 +242,11 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
     warm = evaluate_levels(warm_cfg, warm_cfg.starting_model(),
                            {"held-out": (heldout_seeds(warm_cfg, args.eval_levels), False)},
                            out / "warm-start", cache=default_cache())["held-out"]
-    heldout = {(arm, seed): {int(s): won for s, won in json.loads(
-        (out / f"{arm}-seed{seed}" / "heldout.json").read_text())["outcomes"].items()}
-        for arm, seed in runs}
+    files = {(arm, seed): json.loads((out / f"{arm}-seed{seed}" / "heldout.json").read_text())
+             for arm, seed in runs}
+    heldout = {run: {int(s): won for s, won in f["outcomes"].items()} for run, f in files.items()}
+    with_bank = {run: {int(s): won for s, won in f["outcomes_with_bank"].items()}
+                 for run, f in files.items() if f.get("outcomes_with_bank")}
     seeds = sorted({seed for _, seed in runs})
 
     def pooled(a: dict[int, dict[int, bool]], b: dict[int, dict[int, bool]]) -> PairedDifference:
@@ -260,6 +273,21 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
             d = pooled(by_arm[a], by_arm[b])
             report["between_arms"][f"{b} - {a}"] = d.to_dict()
             print(f"  {b} - {a}: {format_paired(d, a, b)}")
+    banked = [arm for arm in args.arms if all((arm, seed) in with_bank for seed in seeds)]
+    if banked:
+        print("\nheld-out, the arm's actor with its run's bank (lessons of the training levels: "
+              "only lessons that hold for a retrieval key reach unseen levels)")
+        report["with_bank"] = {}
+    for arm in banked:
+        mine = {seed: with_bank[arm, seed] for seed in seeds}
+        d = pooled(by_arm[arm], mine)
+        report["with_bank"][f"{arm}: with its bank - without"] = d.to_dict()
+        print(f"  {arm}: with its bank {format_rate(d.b_wins, d.n)}; with - without (the same "
+              f"actor) {format_paired(d, 'without', 'with')}")
+        if "none" in args.arms:
+            d = pooled(by_arm["none"], mine)
+            report["with_bank"][f"{arm} with its bank - none"] = d.to_dict()
+            print(f"  {arm} with its bank - none's actor: {format_paired(d, 'none', arm)}")
     print("\nguided against free inside the same training groups (slot by slot, steps and seeds "
           "pooled), on every group, on revisits (the bank may hold the level's lesson) and on "
           "first visits (it cannot)")

@@ -56,6 +56,11 @@ def reused_run_problem(run_dir: Path, levels: int) -> str | None:
                     f"{again}")
         return f"{run_dir}: heldout.json's levels are not the held-out levels " \
                f"{offset}..{offset + levels - 1}; {again}"
+    banked = heldout.get("outcomes_with_bank")  # an experience arm's, the same levels or none
+    if banked is not None and (not isinstance(banked, dict) or set(banked) != wanted
+                               or not all(isinstance(v, bool) for v in banked.values())):
+        return f"{run_dir}: heldout.json's outcomes_with_bank are not one true or false for each " \
+               f"of its held-out levels; {again}"
     if not records:
         return f"{run_dir}: metrics.jsonl holds no step; {again}"
     for number, record in enumerate(records, start=1):

@@ -6,7 +6,11 @@ What it silences: transformers' "Loading weights" and "Writing model shards" bar
 model load and save), huggingface_hub's download bars and vLLM's info and warning lines (a
 screenful at every engine start). Each phase keeps one display of our
 own (the training steps' bar, the episodes' bar); the one-time GGUF conversion of a packaged
-model keeps its own bar, its phase's only one. peft's hub lookup at an adapter save ("Unable to
+model keeps its own bar, its phase's only one. vLLM's loader bar ("Loading safetensors
+checkpoint shards") follows the same switch (``VLLMBackend``), its deprecation warnings (torch
+names it renamed) are filtered by module, and torch's C++ warnings (vLLM's CPU worker: "NUMA
+binding: Using MEMBIND policy") are raised to errors before torch is imported (``$TORCH_CPP_LOG_LEVEL``;
+a value the user set wins). peft's hub lookup at an adapter save ("Unable to
 fetch remote file", "Could not find a config file") is not made at all
 (``PolicyLearner.save_adapter``).
 """
@@ -16,7 +20,8 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["quiet_third_party", "VERBOSE_COMMANDS", "HUB_BARS_VARIABLE", "VLLM_LEVEL_VARIABLE"]
+__all__ = ["quiet_third_party", "VERBOSE_COMMANDS", "HUB_BARS_VARIABLE", "VLLM_LEVEL_VARIABLE",
+           "TORCH_CPP_LEVEL_VARIABLE"]
 
 VERBOSE_COMMANDS = ("demo", "train", "eval")
 """the ``crl`` commands that are quiet unless ``--verbose``"""
@@ -24,6 +29,9 @@ VERBOSE_COMMANDS = ("demo", "train", "eval")
 HUB_BARS_VARIABLE = "HF_HUB_DISABLE_PROGRESS_BARS"
 """huggingface_hub's switch, which transformers' bars follow too; a value the user set wins"""
 
+
+TORCH_CPP_LEVEL_VARIABLE = "TORCH_CPP_LOG_LEVEL"
+"""torch's C++ log level, read once when torch loads; a value the user set wins"""
 
 VLLM_LEVEL_VARIABLE = "VLLM_LOGGING_LEVEL"
 """vLLM's log level (its own default INFO: a screenful at every engine start); a value the user
@@ -35,6 +43,10 @@ def quiet_third_party() -> None:
     errors, in this process and the ones it starts (Ray workers, vLLM's), unless
     ``$HF_HUB_DISABLE_PROGRESS_BARS`` (``$VLLM_LOGGING_LEVEL``) is set already, which then
     decides. Our own warnings are untouched."""
+    import warnings
+
+    os.environ.setdefault(TORCH_CPP_LEVEL_VARIABLE, "ERROR")  # (too late once torch is loaded)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
     if VLLM_LEVEL_VARIABLE not in os.environ:
         os.environ[VLLM_LEVEL_VARIABLE] = "ERROR"
         if "vllm" in sys.modules:  # it read the variable at import: tell its logger now

@@ -225,6 +225,9 @@ def test_hardening_efficacy_reuse_reads_a_finished_run_of_the_same_config_only(m
     ({"heldout.json": '{"outcomes": {"level a": true}}'}, "heldout.json's levels are not"),
     ({"heldout.json": "[1, 2]"}, 'heldout.json is not {"outcomes"'),
     ({"heldout.json": "\udcff"}, "cannot be read"),
+    ({"heldout.json": '{"outcomes": {"50000000": true, "50000001": false}, '
+                      '"outcomes_with_bank": {"50000000": "yes"}}'},
+     "outcomes_with_bank are not one true or false"),
     ({}, "heldout.json holds 2 held-out levels, not the 3 of --eval-levels; rerun with "
          "--eval-levels 2"),
 ])

@@ -13,7 +13,7 @@
 3. Trains SmolLM2-135M, actor and extractor, with Complementary RL (``crl train cpu-demo`` into
    ``OUT/cpu-demo``; ``OUT/NAME`` for another config).
 4. Evaluates the checkpoint that this training returned on the same levels (the training levels
-   with the bank it grew), and prints before and after, each rate with its 95% interval, their
+   with the bank it grew; the held-out levels also with it, paired against without), and prints before and after, each rate with its 95% interval, their
    paired difference with its 95% interval and McNemar's exact p (a mixture: a line per env and
    level set, and the pooled pairs), the bank's size, the updates and the learning curve. Every
    level's outcome is in ``OUT/levels.json``.
@@ -33,6 +33,9 @@ import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
 from crl_envs.errors import UserFacingError, describe_error
+
+HELDOUT_WITH_BANK = "held-out, with its bank"
+"""the case of the trained actor on the held-out levels with the run's bank"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -158,14 +161,22 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     print(f"\nTraining with Complementary RL ({cfg.name}) into {run_dir} ...")
     checkpoint = train_command.train(cfg)
     actor = checkpoint / "actor_hf"
-    print(f"\nEvaluating the trained actor ({actor}), on the training levels with its bank ...")
-    # Held-out levels alone, as before training (the bank holds lessons of the training levels
-    # only); the training levels with the bank, the method's own setting.
-    after = evaluate_levels(cfg, f"hf:{actor}",
-                            env_cases(cfg, {"held-out": (heldout, False),
-                                            "training": (training, True)}),
-                            out / "eval-after", bank=run_dir / "bank.sqlite", dtype=dtype)
+    with_bank = cfg.uses_experience
+    print(f"\nEvaluating the trained actor ({actor}) on the held-out levels"
+          f"{' without and with its bank' if with_bank else ''} and on the training levels"
+          f"{' with its bank' if with_bank else ''} ...")
+    # Held-out levels without the bank, as before training; with it, the question a user asks
+    # (do the lessons of the training levels lift levels never played? only lessons that hold
+    # for a retrieval key can); the training levels with the bank, the method's own setting.
+    cases = {"held-out": (heldout, False), "training": (training, with_bank)}
+    if with_bank:
+        cases[HELDOUT_WITH_BANK] = (heldout, True)
+    after = evaluate_levels(cfg, f"hf:{actor}", env_cases(cfg, cases), out / "eval-after",
+                            bank=run_dir / "bank.sqlite", dtype=dtype)
     differences = {name: paired(before[name], after[name]) for name in before}
+    # the same trained actor on the same held-out levels: with its bank - without
+    bank_effect = {name: paired(after[name], after[name.replace("held-out", HELDOUT_WITH_BANK)])
+                   for name in before if with_bank and name.startswith("held-out")}
     test_time = None
     if test_time_levels and cfg.uses_experience:
         from crl_harness.training.unseen import test_time_experience, unseen_levels
@@ -184,6 +195,10 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
         "levels": {name: {"before": before[name], "after": after[name],
                           "paired": differences[name].to_dict()} for name in before},
     }
+    for name, d in bank_effect.items():
+        levels_json["levels"][name]["after_with_bank"] = \
+            after[name.replace("held-out", HELDOUT_WITH_BANK)]
+        levels_json["levels"][name]["with_bank_paired"] = d.to_dict()
     if test_time is not None:
         levels_json["test_time"] = {"free": attempts["free"], "guided": attempts["guided"],
                                     "paired": test_time.to_dict()}
@@ -193,7 +208,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     (out / "levels.json").write_text(json.dumps(levels_json, indent=2))
     _print_summary(cfg, run_dir, differences | {f"{name}, pooled": d
                                                for name, d in pooled_differences.items()},
-                   test_time)
+                   test_time, bank_effect)
     return checkpoint
 
 
@@ -211,7 +226,7 @@ def _pooled(cfg: Any, differences: dict[str, Any]) -> dict[str, Any]:
 
 
 def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any],
-                   test_time: Any = None) -> None:
+                   test_time: Any = None, bank_effect: dict[str, Any] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -243,6 +258,10 @@ def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any],
         pairs.add_row(where, str(d.n), format_rate(d.b_wins, d.n), format_rate(d.a_wins, d.n),
                       format_paired(d, "free", "guided"))
     console.print(pairs)
+    for name, d in (bank_effect or {}).items():
+        console.print(f"{name} levels, the trained actor with the run's bank: "
+                      f"{format_rate(d.b_wins, d.n)}, without: {format_rate(d.a_wins, d.n)}; "
+                      f"with - without {format_paired(d, 'without', 'with')}")
     if test_time is not None:
         d = test_time
         console.print(f"unseen levels, second attempt (greedy) with the bank the first attempt "

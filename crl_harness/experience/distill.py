@@ -290,9 +290,9 @@ class ExtractorJobs:
         if error is not None:
             self._counters.add("format_failures")
             log.info("extractor %s answer rejected: %s", kind, error)
-            if self._config.format_failure_reward is not None:
+            if self._config.format_penalty is not None:
                 self._ledger.register(generation_id, prompt, output, kind,  # type: ignore[arg-type]
-                                      fixed_reward=self._config.format_failure_reward)
+                                      fixed_reward=self._config.format_penalty)
             return []
         changes: list[BankChange] = []
         for op in ops:

@@ -168,9 +168,9 @@ class ExperienceManager:
         answer = parse_answer_text(text)
         if answer is None:
             self._counters.add("ask_format_failures")
-            if self.config.format_failure_reward is not None:
+            if self.config.format_penalty is not None:
                 self.ledger.register(generation_id, prompt, output, "ask",
-                                     fixed_reward=self.config.format_failure_reward)
+                                     fixed_reward=self.config.format_penalty)
             return AskAnswer("\n".join(f"- {e.text}" for e in found))
         self.ledger.register(generation_id, prompt, output, "ask")
         return AskAnswer(answer, generation_id)

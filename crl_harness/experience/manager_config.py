@@ -47,7 +47,7 @@ class ManagerConfig:
     merge_chunk: int = 5
     """Entries shown to the extractor per merge-pass call."""
     parse_limits: ParseLimits = field(default_factory=ParseLimits)
-    format_failure_reward: float | None = ExtractorConfig.format_penalty
+    format_penalty: float | None = ExtractorConfig.format_penalty
     """``extractor.format_penalty``: the reward of a generation whose answer was malformed."""
     max_pending_generations: int = 10_000
     reindex_interval_s: float = 30.0
@@ -66,14 +66,14 @@ class ManagerConfig:
                     **settings: Any) -> ManagerConfig:
         """The manager of a run's ``experience`` section; ``exact_key_envs``: the run's envs
         whose retrieval key is exact (``RetrievalConfig``); ``settings``: the manager's own
-        (e.g. the ``seed`` and ``format_failure_reward`` of the run)."""
+        (e.g. the ``seed`` and ``format_penalty`` of the run)."""
         return cls(retrieval=RetrievalConfig(experience, frozenset(exact_key_envs)), **settings)
 
     def __post_init__(self) -> None:
         check_settings(ExperienceConfig, "experience", {
             "max_concurrent_extractions": self.experience.max_concurrent_extractions,
             "max_transcript_chars": self.experience.max_transcript_chars})
-        check_settings(ExtractorConfig, "extractor", {"format_penalty": self.format_failure_reward})
+        check_settings(ExtractorConfig, "extractor", {"format_penalty": self.format_penalty})
         for name in ("batch_size", "search_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ManagerConfig.{name} must be at least 1.")

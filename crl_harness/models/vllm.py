@@ -11,6 +11,7 @@ engine (the engine runs in this process for that) and clears the prefix cache, s
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import threading
@@ -115,11 +116,21 @@ class VLLMBackend:
             import torch
             from vllm import LLM
 
+            # An engine dropped earlier but still held by a reference cycle is torn down when the
+            # collector finds it, and its teardown ends the parallel groups every in-process
+            # engine shares: collected after this engine started, it broke this one ("pipeline
+            # model parallel group is not initialized"; M-c's second attempt after its trainer).
+            gc.collect()
+
+            from crl_harness.quiet import HUB_BARS_VARIABLE
+
             threads, set_threads = torch.get_num_threads(), torch.set_num_threads
             try:
+                # the loader's bar follows the hub's switch (crl_harness.quiet)
+                bars = {"use_tqdm_on_load": os.environ.get(HUB_BARS_VARIABLE) != "1"}
                 self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_context,
                                seed=seed, logprobs_mode="processed_logprobs", enforce_eager=True,
-                               **engine_args)
+                               **(bars | engine_args))
             except Exception as err:  # noqa: BLE001 - vLLM fails in many library types
                 lines = [line.strip() for line in str(err).splitlines() if line.strip()]
                 raise BackendUnavailableError(

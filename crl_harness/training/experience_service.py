@@ -41,15 +41,16 @@ class ExperienceService:
 
     ``extractor`` is a backend object (in one process: the very model the extractor learner
     trains) or a backend spec (a Ray actor builds its own copy, in ``dtype`` with
-    ``kv_cache_tokens`` of KV cache, and receives new weights through ``load_extractor_weights``). ``format_failure_reward``: the
-    opt-in reward of a malformed answer (None: not trained, see ``ManagerConfig``).
+    ``kv_cache_tokens`` of KV cache, and receives new weights through ``load_extractor_weights``).
+    ``format_penalty``: the extractor's opt-in reward of a malformed answer (None: not trained,
+    see ``ManagerConfig``).
     """
 
     def __init__(self, run_dir: str | os.PathLike, config: ExperienceConfig,
                  extractor: ModelBackend | str, *, max_new_tokens: int, temperature: float,
                  top_p: float, seed: int = 0, lora: Any = None, dtype: str = "auto",
                  kv_cache_tokens: int = KV_CACHE_TOKENS,
-                 format_failure_reward: float | None = None,
+                 format_penalty: float | None = None,
                  exact_key_envs: Sequence[str] = ()) -> None:
         if isinstance(extractor, str):
             from crl_harness.models import load_backend
@@ -66,7 +67,7 @@ class ExperienceService:
                                           temperature=temperature, top_p=top_p,
                                           max_batch=config.max_concurrent_extractions)
         self.manager = ExperienceManager(self.bank, self.generator, ManagerConfig.from_config(
-            config, exact_key_envs, format_failure_reward=format_failure_reward, seed=seed))
+            config, exact_key_envs, format_penalty=format_penalty, seed=seed))
 
     # ------------------------------------------------------------ weights
     @property

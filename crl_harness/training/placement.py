@@ -31,7 +31,7 @@ def experience_options(cfg: TrainConfig) -> dict[str, Any]:
     extractor generates, the run's seed, and the reward of a malformed answer."""
     x = cfg.extractor
     return dict(max_new_tokens=x.max_new_tokens, temperature=x.temperature, top_p=x.top_p,
-                seed=cfg.run.seed, format_failure_reward=x.format_penalty,
+                seed=cfg.run.seed, format_penalty=x.format_penalty,
                 exact_key_envs=cfg.exact_key_envs())
 
 

@@ -128,7 +128,7 @@ def test_malformed_answer_is_not_trained_by_default_and_the_format_penalty_is_op
         manager.flush()
         assert manager.generation_rewards() == [] and len(manager.ledger) == 0
     with ExperienceManager(bank, lambda p: malformed,
-                           ManagerConfig(format_failure_reward=-1.0)) as manager:
+                           ManagerConfig(format_penalty=-1.0)) as manager:
         manager.submit(request("open the door"))
         manager.flush()
         [failure] = manager.generation_rewards()

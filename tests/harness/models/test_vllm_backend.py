@@ -204,3 +204,31 @@ def test_load_actor_plays_each_role_on_its_own_engine_and_kv_cache(tmp_path):
         assert type(extractor).__name__ == "HFBackend" and extractor.kv_cache_tokens == 3000
     finally:
         extractor.close()
+
+
+def test_an_engine_dropped_in_a_cycle_is_torn_down_before_the_next_starts(tmp_path):
+    """A closed engine still held by a reference cycle was collected whenever the collector ran:
+    after the next engine had started, its teardown ended the parallel groups the new one
+    shares, and the new one failed at its first generation (M-c's second attempt after its
+    trainer, "pipeline model parallel group is not initialized")."""
+    import gc
+
+    from crl_harness.models.tiny import build_tiny_model
+    from crl_harness.models.vllm import VLLMBackend
+
+    path = build_tiny_model(tmp_path / "tiny")
+    first = VLLMBackend(path, dtype="bfloat16", max_context=512, kv_cache_gib=1)
+    cycle: list = [first.llm]
+    cycle.append(cycle)  # only the collector frees the engine now
+    first.close()
+    del cycle
+    gc.disable()  # no automatic collection while the second starts: only one it makes itself
+    try:
+        second = VLLMBackend(path, dtype="bfloat16", max_context=512, kv_cache_gib=1)
+    finally:
+        gc.enable()
+    gc.collect()  # whatever the collector still finds, it finds now
+    try:
+        assert len(second.generate(CHATS, max_new_tokens=2, temperature=0.0)) == 2
+    finally:
+        second.close()

@@ -251,7 +251,8 @@ def test_demo_of_a_mixture_warm_starts_and_prints_each_env_and_the_pooled_pairs(
     out = capsys.readouterr().out
     assert "crl warmstart mix-tiny" in out  # the warm start was missing: made first
     for line in ("held-out/Sokoban", "held-out, pooled", "training, pooled", "McNemar",
-                 "training success per step and env: Sokoban "):
+                 "training success per step and env: Sokoban ",
+                 "held-out/Sokoban levels, the trained actor with the run's bank: "):
         assert line in out, line
     levels = json.loads((tmp_path / "demo" / "levels.json").read_text())
     assert sorted(levels["levels"]) == ["held-out/MiniHackRoom", "held-out/Sokoban",

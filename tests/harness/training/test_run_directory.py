@@ -170,6 +170,9 @@ def test_demo_evaluates_the_checkpoint_its_training_returned(model, tmp_path, mo
     levels = json.loads((tmp_path / "demo" / "levels.json").read_text())["levels"]
     assert len(levels["held-out"]["before"]) == len(levels["held-out"]["after"]) == 3
     assert levels["held-out"]["paired"]["n"] == 3
+    # the trained actor on the held-out levels with the run's bank too, paired against without
+    assert len(levels["held-out"]["after_with_bank"]) == 3
+    assert levels["held-out"]["with_bank_paired"]["n"] == 3
 
 
 def test_paired_interval_and_mcnemar_p_match_a_hand_computation():
