@@ -49,10 +49,11 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
     if VLLM_LEVEL_VARIABLE not in os.environ:
         os.environ[VLLM_LEVEL_VARIABLE] = "ERROR"
-        if "vllm" in sys.modules:  # it read the variable at import: tell its logger now
-            import logging
+        # its logger directly too: imported already, it read the variable; and vLLM's import
+        # warns about Triton before it configures its logger from the variable
+        import logging
 
-            logging.getLogger("vllm").setLevel(logging.ERROR)
+        logging.getLogger("vllm").setLevel(logging.ERROR)
     if HUB_BARS_VARIABLE in os.environ:
         return
     os.environ[HUB_BARS_VARIABLE] = "1"
