@@ -232,7 +232,8 @@ def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int,
         n = replayed["levels"]
         mine, oracle = replayed["extractor_wins"], replayed["oracle_wins"]
         print(f"  replayed on up to {replay_levels} unseen levels of each add case's key "
-              f"({replayed['keyed']} of {replayed['cases']} cases with an oracle lesson, "
+              f"({replayed['keyed']} of {replayed['cases']} cases with an oracle lesson and such "
+              f"levels, "
               f"{n} levels): the extractor's lessons win {mine}/{n} = "
               f"{100 * mine / max(n, 1):.1f}%, the oracle's {oracle}/{n} = "
               f"{100 * oracle / max(n, 1):.1f}%, ratio "
