@@ -135,3 +135,33 @@ def test_hardening_warmstart_extractor_lesson_is_route_or_key(backend):
         .extractor_lesson == "key"
     with pytest.raises(ValueError, match="lesson must be one of route, key, got 'sweep'"):
         _episodes(backend, lesson="sweep")
+
+
+def test_warmstart_extractor_lesson_reaches_the_extractors_samples(tmp_path, monkeypatch):
+    from crl_harness.warmstart import run_warmstart, sft
+
+    tiny = build_tiny_model(tmp_path / "tiny", hidden_size=64)
+    taught: list[str] = []
+    asked: list[str | None] = []
+
+    def recorded(*args, **kwargs):
+        asked.append(kwargs.get("lesson"))
+        episodes = extractor_episodes(*args, **kwargs)
+        taught.extend(taught_answer(e) for e in episodes if answer_class(e) == "add")
+        return episodes
+
+    monkeypatch.setattr(sft, "extractor_episodes", recorded)
+    cfg = load_config("cpu-demo", [
+        f"warmstart.model=hf:{tiny}", f"run.output_dir={tmp_path}/run",
+        f"warmstart.output_dir={tmp_path}/run/warmstart", "warmstart.extractor_samples=4",
+        "warmstart.extractor_epochs=1", "warmstart.batch_size=2", "warmstart.lora.r=4",
+        "warmstart.lora.top_layers=1", "extractor.max_new_tokens=192",
+        "warmstart.extractor_lesson=key"])
+    out = run_warmstart(cfg, log=lambda _: None, only="extractor")
+    assert out["config"]["extractor_lesson"] == "key" and asked == ["key"]
+    [answer] = taught
+    [op] = json.loads(answer.removeprefix("<answer>").removesuffix("</answer>"))
+    key = op["title"].removeprefix("Winning moves from ")
+    env = cfg.tasks.envs[0]
+    assert (op["title"], op["content"]) == crl_envs.transferable_lesson(
+        env.id, key, env.kwargs["max_episode_steps"])
