@@ -37,8 +37,8 @@ from crl_harness.warmstart.routes import (
 
 __all__ = ["AdvisedEpisode", "earlier_route",
            "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_case", "answer_class",
-           "class_quotas", "EXTRACTOR_LESSONS", "extractor_episodes", "extractor_prompt", "extractor_sample",
-           "reply_ids", "taught_answer"]
+           "class_quotas", "EXTRACTOR_LESSONS", "extractor_episodes", "extractor_prompt",
+           "extractor_sample", "reply_ids", "taught_answer"]
 
 EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
 STRAY_NOISE = 1.0
