@@ -50,8 +50,8 @@ def printable(text: str, limit: int = SHOWN_CHARS) -> str:
 
 
 @dataclass
-class LessonReplay:
-    """One distinct route lesson played on one training level."""
+class RouteReplay:
+    """One distinct route lesson played on one training level (``LessonReplay.wins``)."""
 
     seed: int
     key: str
@@ -59,16 +59,6 @@ class LessonReplay:
     copies: int
     votes: int
     won: bool
-
-
-def play_route(env: Any, seed: int, moves: list[str], options: dict | None = None) -> bool:
-    """Whether ``moves`` from the reset of level ``seed`` reach a win."""
-    env.reset(seed=seed, options=options)
-    for move in moves:
-        _, _, terminated, truncated, info = env.step(move)
-        if terminated or truncated:
-            return bool(info.get("won"))
-    return False
 
 
 def levels_of_keys(keys: dict[int, str | None]) -> dict[str, list[int]]:
@@ -80,7 +70,7 @@ def levels_of_keys(keys: dict[int, str | None]) -> dict[str, list[int]]:
     return seeds_of
 
 
-def replay_bank(cfg: Any, entries: list[Any]) -> tuple[list[LessonReplay], dict[int, str | None],
+def replay_bank(cfg: Any, entries: list[Any]) -> tuple[list[RouteReplay], dict[int, str | None],
                                                          int]:
     """The replays of ``entries``' route lessons on the training levels their titles name (one
     env of the config's first entry, reset per level), each training level's retrieval key
@@ -89,10 +79,12 @@ def replay_bank(cfg: Any, entries: list[Any]) -> tuple[list[LessonReplay], dict[
     import gymnasium as gym
 
     import crl_envs  # noqa: F401  (registers the ids)
+    from crl_harness.training.lesson_replay import LessonReplay
     from crl_harness.warmstart.routes import route_of
 
     env_entry = cfg.tasks.envs[0]
     env = gym.make(env_entry.id, **env_entry.kwargs)
+    replay = LessonReplay({env_entry.id: dict(env_entry.kwargs)})
     try:
         keys = {seed: env.reset(seed=seed)[1].get("retrieval_query")
                 for seed in cfg.tasks.training_seeds()}
@@ -104,11 +96,12 @@ def replay_bank(cfg: Any, entries: list[Any]) -> tuple[list[LessonReplay], dict[
             if route is not None and route[0] in seeds_of:
                 copies[route[0], tuple(route[1])] += 1
                 votes[route[0], tuple(route[1])] += entry.votes
-        replays = [LessonReplay(seed, key, list(moves), n, votes[key, moves],
-                                play_route(env, seed, list(moves)))
+        replays = [RouteReplay(seed, key, list(moves), n, votes[key, moves],
+                               replay.wins(env_entry.id, seed, moves))
                    for (key, moves), n in sorted(copies.items()) for seed in seeds_of[key]]
     finally:
         env.close()
+        replay.close()
     return replays, keys, len(entries) - sum(copies.values())
 
 
@@ -128,6 +121,7 @@ def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) ->
     played on the level."""
     from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
     from crl_harness.rollout import make_env
+    from crl_harness.training.lesson_replay import LessonReplay
     from crl_harness.warmstart.routes import route_of
 
     env_entry = cfg.tasks.envs[0]
@@ -138,6 +132,7 @@ def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) ->
     manager = ExperienceManager(bank, config=ManagerConfig.from_config(
         cfg.experience, cfg.exact_key_envs(), seed=cfg.run.seed))
     env = make_env(env_entry.id, manager, cfg.experience.k, **env_entry.kwargs)
+    replay = LessonReplay({env_entry.id: dict(env_entry.kwargs)})
     handed = []
     try:
         for seed in keys:
@@ -150,11 +145,11 @@ def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) ->
                 key, moves = route
                 whose = ("own" if seed in seeds_of.get(key, []) else
                          f"level {seeds_of[key][0]}'s" if key in seeds_of else "another level's")
-                # replayed without retrieving again: a retrieval counts in the re-rank
-                handed.append(Handed(seed, whose, moves, play_route(
-                    env, seed, moves, options={"use_experience": False})))
+                # replayed on a bare env, not retrieving again: a retrieval counts in the re-rank
+                handed.append(Handed(seed, whose, moves, replay.wins(env_entry.id, seed, moves)))
     finally:
         env.close()
+        replay.close()
         manager.close()
         bank.close()
     return handed

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/extractor_quality.py              # cpu-demo, 48 episodes
     .venv/bin/python benchmarks/extractor_quality.py --extractor hf:RUN/checkpoints/.../extractor_hf
     .venv/bin/python benchmarks/extractor_quality.py --dtype float32 --set extractor.rollout_engine=vllm
+    .venv/bin/python benchmarks/extractor_quality.py --replay-levels 8 --set warmstart.extractor_lesson=key
 
 On the config's first env and held-out levels (``tasks.heldout_offset``, never in a warm start)
 the scripted oracle plays the episodes the warm start teaches from
@@ -13,7 +14,9 @@ was shown, if any) goes to the extractor, greedy and at the config's ``extractor
 (the one training samples at, ``--samples`` answers each). The cases and what is taught
 (``taught_answer``):
 
-- ``add``: a won episode (no entry, or another level's set aside) adds its moves as played;
+- ``add``: a won episode (no entry, or another level's set aside) adds its own route (with
+  ``--set warmstart.extractor_lesson=key``: the env's transferable lesson of its key, and the
+  votes judge episodes that followed such lessons, as that warm start teaches);
 - ``return``: a lost one (no entry, or another level's set aside) changes nothing;
 - ``return, misled``: a lost episode that followed another level's route changes nothing (the
   route is right for its own level);
@@ -23,6 +26,14 @@ was shown, if any) goes to the extractor, greedy and at the config's ``extractor
 Each answer is counted as malformed (the strict parser rejects it: nothing is written), right
 (exactly the taught operations) or other (well-formed, anything else). Printed per case with 95%
 Wilson intervals; the bank of a training run holds what this measures.
+
+With ``--replay-levels N`` the lesson each greedy answer to an ``add`` case adds is replayed
+without a model (``LessonReplay.wins_following``: the policy the lesson states) on N unseen
+levels of the episode's retrieval key (found by resetting levels from ``tasks.heldout_offset +
+REPLAY_SEED_OFFSET`` and reading ``info["retrieval_query"]``), beside the oracle's transferable
+lesson of the key (``crl_envs.transferable_lesson``) on the same levels: their win rates and
+ratio say whether the extractor's lessons transfer as the oracle's do. An answer that adds no
+lesson a policy reads loses its levels; a key the env writes no lesson for is left out.
 """
 
 from __future__ import annotations
@@ -34,6 +45,11 @@ import time
 from pathlib import Path
 
 CASES = ("add", "return", "return, misled", "upvote", "downvote")
+REPLAY_SEED_OFFSET = 100_000
+"""replay levels start this far past ``tasks.heldout_offset``: past the episodes' levels"""
+REPLAY_SCAN = 400
+"""levels reset per replay level asked, at most, to find the keys' levels (a start cell with
+nothing in view is about one level in 40; a key that shows the stairs, one in 600)"""
 
 
 def case_of(episode) -> str:
@@ -52,6 +68,7 @@ def heldout_episodes(cfg, backend, count: int) -> list:
     seeds = list(range(cfg.tasks.heldout_offset, cfg.tasks.heldout_offset + 50 * count))
     episodes = extractor_episodes(env.id, seeds, count, noise=cfg.warmstart.noise,
                                   rng=random.Random(cfg.tasks.heldout_offset),
+                                  lesson=cfg.warmstart.extractor_lesson,
                                   tokenizer=backend.tokenizer, max_context=backend.max_context,
                                   max_new_tokens=cfg.actor.max_new_tokens,
                                   history=cfg.actor.history, env_kwargs=env.kwargs,
@@ -83,23 +100,94 @@ def verdict(answer: str, shown: int, ops: tuple) -> str:
     return "right" if parsed.ops == ops else "other"
 
 
-def measure(cfg, extractor: str, dtype: str, count: int, samples: int) -> dict:
+def added_lesson(answer: str, shown: int) -> str | None:
+    """The text ("title: content") of the first lesson ``answer`` adds; None if it adds none
+    (or is malformed)."""
+    from crl_harness.experience.operations import Add, parse_distillation
+
+    parsed = parse_distillation(answer, shown)
+    add = next((op for op in parsed.ops if isinstance(op, Add)), None) if parsed.ok else None
+    return None if add is None else f"{add.title}: {add.content}"
+
+
+def levels_of_keys(cfg, keys: set[str], count: int) -> dict[str, list[int]]:
+    """Up to ``count`` levels of each retrieval key of ``keys`` among the levels from
+    ``tasks.heldout_offset + REPLAY_SEED_OFFSET`` (at most ``REPLAY_SCAN * count`` reset)."""
+    import gymnasium as gym
+
+    import crl_envs  # noqa: F401  (registers the ids)
+
+    entry = cfg.tasks.envs[0]
+    found: dict[str, list[int]] = {key: [] for key in keys}
+    start = cfg.tasks.heldout_offset + REPLAY_SEED_OFFSET
+    env = gym.make(entry.id, **entry.kwargs)
+    try:
+        for seed in range(start, start + REPLAY_SCAN * count):
+            if all(len(seeds) >= count for seeds in found.values()):
+                break
+            key = env.reset(seed=seed, options=entry.options or None)[1].get("retrieval_query")
+            if key in found and len(found[key]) < count:
+                found[key].append(seed)
+    finally:
+        env.close()
+    return found
+
+
+def replay_lessons(cfg, added: list[tuple[str, str | None]], count: int) -> dict:
+    """Replay each ``(key, lesson text or None)`` of ``added`` and the oracle's transferable
+    lesson of the key on up to ``count`` unseen levels of the key (``levels_of_keys``);
+    return the levels played and each side's wins."""
+    import gymnasium as gym
+
+    import crl_envs
+    from crl_harness.training.lesson_replay import LessonReplay
+
+    entry = cfg.tasks.envs[0]
+    steps = entry.kwargs.get("max_episode_steps") or gym.spec(entry.id).max_episode_steps
+    oracle = {key: crl_envs.transferable_lesson(entry.id, key, steps) for key, _ in added}
+    levels = levels_of_keys(cfg, {key for key, _ in added if oracle[key]}, count)
+    replay = LessonReplay({entry.id: dict(entry.kwargs)}, {entry.id: dict(entry.options)})
+    out = {"cases": len(added), "keyed": 0, "unread": 0, "levels": 0, "extractor_wins": 0,
+           "oracle_wins": 0}
+    try:
+        for key, text in added:
+            if not oracle[key] or not levels[key]:
+                continue
+            title, content = oracle[key]
+            out["keyed"] += 1
+            wins = [replay.wins_following(entry.id, seed, text) if text else None
+                    for seed in levels[key]]
+            out["unread"] += wins[0] is None  # the same text reads the same on every level
+            out["levels"] += len(levels[key])
+            out["extractor_wins"] += sum(bool(won) for won in wins)
+            out["oracle_wins"] += sum(bool(replay.wins_following(entry.id, seed,
+                                                                 f"{title}: {content}"))
+                                      for seed in levels[key])
+    finally:
+        replay.close()
+    return out
+
+
+def measure(cfg, extractor: str, dtype: str, count: int, samples: int,
+            replay_levels: int = 0) -> dict:
     """Play ``count`` episodes of the taught cases on ``cfg``'s held-out levels and ask
     ``extractor`` (a model spec) for each one's operations, greedy and ``samples`` times at
     ``cfg.extractor.temperature``; print and return, per label and case, how many answers were
-    right, other and malformed."""
+    right, other and malformed; with ``replay_levels``, also the replay of the greedy answers'
+    added lessons (``replay_lessons``)."""
     from crl_harness.eval.heldout import load_actor
 
     # on the engine training distils with (extractor.rollout_engine): vLLM answered the 96
     # prompts of 48 episodes in half of transformers' time (benchmarks/RESULTS.md)
     backend = load_actor(cfg, extractor, dtype, role="extractor")
     try:
-        return _ask(cfg, backend, extractor, dtype, count, samples)
+        return _ask(cfg, backend, extractor, dtype, count, samples, replay_levels)
     finally:
         backend.close()
 
 
-def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int) -> dict:
+def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int,
+         replay_levels: int) -> dict:
     from crl_harness.eval import wilson_interval
 
     episodes = heldout_episodes(cfg, backend, count)
@@ -109,6 +197,7 @@ def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int) -> 
           f"episodes of the taught cases from held-out level {cfg.tasks.heldout_offset}",
           flush=True)
     results: dict[str, dict] = {}
+    added: list[tuple[str, str | None]] = []  # the greedy add cases: key, lesson added
     for label, temperature, repeats in (("greedy", 0.0, 1),
                                         (f"T={cfg.extractor.temperature}",
                                          cfg.extractor.temperature, samples)):
@@ -119,7 +208,11 @@ def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int) -> 
             answers = backend.generate(prompts, max_new_tokens=cfg.extractor.max_new_tokens,
                                        temperature=temperature, top_p=cfg.extractor.top_p)
             for episode, answer, (_, ops) in zip(episodes, answers, asked, strict=True):
-                kind = verdict(answer.text, int(episode.advice is not None), ops)
+                shown = int(episode.advice is not None)
+                kind = verdict(answer.text, shown, ops)
+                if temperature == 0.0 and case_of(episode) == "add":
+                    added.append((episode.trajectory.retrieval_key,
+                                  added_lesson(answer.text, shown)))
                 counts[case_of(episode)][kind] += 1
                 if kind != "right" and len(examples) < 3:
                     examples.append(f"{case_of(episode)}: {answer.text[:150]!r}")
@@ -134,6 +227,19 @@ def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int) -> 
                   f"{row['other']}, malformed {row['malformed']}", flush=True)
         for text in examples:
             print(f"    e.g. {text}")
+    if replay_levels:
+        results["replay"] = replayed = replay_lessons(cfg, added, replay_levels)
+        n = replayed["levels"]
+        mine, oracle = replayed["extractor_wins"], replayed["oracle_wins"]
+        print(f"  replayed on up to {replay_levels} unseen levels of each add case's key "
+              f"({replayed['keyed']} of {replayed['cases']} cases with an oracle lesson and such "
+              f"levels, "
+              f"{n} levels): the extractor's lessons win {mine}/{n} = "
+              f"{100 * mine / max(n, 1):.1f}%, the oracle's {oracle}/{n} = "
+              f"{100 * oracle / max(n, 1):.1f}%, ratio "
+              + (f"{mine / oracle:.2f}" if oracle else "n/a")
+              + f"; {replayed['unread']} answers added no lesson a policy reads (they lose)",
+              flush=True)
     return results
 
 
@@ -150,11 +256,14 @@ def main() -> None:
                              "what training samples with)")
     parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
                         help="config overrides, e.g. extractor.rollout_engine=vllm")
+    parser.add_argument("--replay-levels", type=int, default=0,
+                        help="replay each greedy add answer's lesson on this many unseen levels "
+                             "of its key, beside the oracle's lesson (0..64; 0: off)")
     parser.add_argument("--out", default="runs/extractor-quality")
     args = parser.parse_args()
-    for name, low, high in (("episodes", 4, 300), ("samples", 0, 8)):
+    for name, low, high in (("episodes", 4, 300), ("samples", 0, 8), ("replay_levels", 0, 64)):
         if not low <= getattr(args, name) <= high:
-            parser.error(f"--{name} must be in {low}..{high}")
+            parser.error(f"--{name.replace('_', '-')} must be in {low}..{high}")
 
     from crl_harness.config import ConfigError, load_config
 
@@ -164,12 +273,13 @@ def main() -> None:
         parser.error(str(err))
     extractor = args.extractor or cfg.starting_model("extractor")
     results = measure(cfg, extractor, args.dtype or cfg.extractor.dtype, args.episodes,
-                      args.samples)
+                      args.samples, args.replay_levels)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "extractor_quality.json").write_text(json.dumps(
         {"extractor": extractor, "config": args.config, "overrides": args.set,
-         "episodes": args.episodes, "results": results}, indent=2))
+         "episodes": args.episodes, "replay_levels": args.replay_levels, "results": results},
+        indent=2))
     print(f"wrote {out / 'extractor_quality.json'}")
 
 

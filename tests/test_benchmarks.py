@@ -41,6 +41,8 @@ TRANSFER = Path(__file__).resolve().parents[1] / "benchmarks" / "transfer_ceilin
     (QUALITY, ["--dtype", "int8"], "invalid choice: 'int8'"),
     (QUALITY, ["--episodes", "3"], "--episodes must be in 4..300"),
     (QUALITY, ["--episodes", "301"], "--episodes must be in 4..300"),
+    (QUALITY, ["--replay-levels", "-1"], "--replay-levels must be in 0..64"),
+    (QUALITY, ["--replay-levels", "65"], "--replay-levels must be in 0..64"),
     (QUALITY, ["--set", "extractor.rollout_engine=tgi"], "extractor.rollout_engine"),
     (LATENCY, ["--batches", "0"], "--batches takes 1..8 sizes, each in 1..256"),
     (LATENCY, ["--batches", *["1"] * 9], "--batches takes 1..8 sizes, each in 1..256"),
@@ -406,6 +408,43 @@ def test_extractor_quality_counts_each_taught_case_right_other_or_malformed(tmp_
         if case == "return, misled":  # another level's route, followed and lost: not its fault
             wrong = '<answer>[{"op": "downvote", "target_idx": 0}]</answer>'
             assert quality.verdict(wrong, shown, ops) == "other"
+
+
+def test_extractor_quality_replays_added_lessons_on_unseen_levels_of_their_key():
+    """An added lesson is replayed without a model on unseen levels of the episode's key, beside
+    the oracle's transferable lesson of that key: the oracle's own text wins as often as the
+    oracle, an answer that adds nothing loses every level, a wrong sweep loses more."""
+    import importlib.util
+
+    import crl_envs
+    from crl_harness.config import load_config
+    from crl_harness.training.lesson_replay import LessonReplay
+
+    spec = importlib.util.spec_from_file_location("extractor_quality", QUALITY)
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+    cfg = load_config("cpu-demo")
+    env = cfg.tasks.envs[0]
+    key = "x=37, y=11; in view: nothing notable"
+    [levels] = quality.levels_of_keys(cfg, {key}, 4).values()
+    assert len(levels) == 4 and min(levels) >= cfg.tasks.heldout_offset + quality.REPLAY_SEED_OFFSET
+    title, content = crl_envs.transferable_lesson(env.id, key, env.kwargs["max_episode_steps"])
+    replay = LessonReplay({env.id: dict(env.kwargs)})
+    try:  # levels of the key, on which the transferable lesson wins
+        assert [replay.wins_following(env.id, seed, content) for seed in levels].count(True) >= 3
+    finally:
+        replay.close()
+    answer = json.dumps([{"op": "add", "title": title, "content": content}])
+    lesson = quality.added_lesson(f"<answer>{answer}</answer>", 0)
+    assert lesson == f"{title}: {content}"
+    assert quality.added_lesson('<answer>[{"op": "return"}]</answer>', 0) is None
+    same = quality.replay_lessons(cfg, [(key, lesson)], 4)
+    assert same["levels"] == 4 and same["extractor_wins"] == same["oracle_wins"] >= 3
+    none = quality.replay_lessons(cfg, [(key, None)], 4)
+    assert none["extractor_wins"] == 0 and none["oracle_wins"] == same["oracle_wins"]
+    assert none["unread"] == 1
+    wrong = quality.replay_lessons(cfg, [(key, f"{title}: from the start, play north.")], 4)
+    assert wrong["extractor_wins"] < wrong["oracle_wins"]
 
 
 def test_hardening_bank_replay_escapes_bank_text_and_bounds_its_lines(tmp_path, monkeypatch):

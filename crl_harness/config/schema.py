@@ -207,6 +207,13 @@ class WarmStartConfig:
     walk there (only won ones are kept; the rest are drawn as without it). A warm actor taught
     only routes plays a shown lesson to its end and walks past the stairs it sees. 0 (the
     default): no such episodes, the shipped adapters' recipe"""
+    extractor_lesson: str = choice("route", "key")
+    """what the extractor's samples teach it to add (and the episodes its votes judge follow):
+    ``route``, the level's own winning moves (a lesson of that level alone); ``key``, where the
+    env writes one (``crl_envs.transferable_lesson``), the lesson that holds for every level of
+    the retrieval key (a dark Room's sweep from the start cell), which unseen levels of the key
+    can use; levels without one keep their route. ``route`` (the default): the shipped
+    adapters' recipe"""
     extractor_samples: int = bounded(16, ge=0)
     """extractor samples (the Experience Manager's prompt for a warm-start episode and an
     operations answer built from it), as many answering add, return, upvote and downvote

@@ -27,12 +27,18 @@ from crl_harness.models.base import encode_chat
 from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env, transcript_of
 from crl_harness.warmstart.lessons import KeyLessons, LessonTurns
 from crl_harness.warmstart.reasons import REASONS, random_reason
-from crl_harness.warmstart.routes import advice_check, route_advice, route_content, winning_route
+from crl_harness.warmstart.routes import (
+    advice_check,
+    route_advice,
+    route_content,
+    route_moves,
+    winning_route,
+)
 
 __all__ = ["AdvisedEpisode", "earlier_route",
            "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_case", "answer_class",
-           "class_quotas", "extractor_episodes", "extractor_prompt", "extractor_sample",
-           "reply_ids", "taught_answer"]
+           "class_quotas", "EXTRACTOR_LESSONS", "extractor_episodes", "extractor_prompt",
+           "extractor_sample", "reply_ids", "taught_answer"]
 
 EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
 STRAY_NOISE = 1.0
@@ -43,6 +49,9 @@ FOREIGN_SHARE = 1 / 2  # of the advised episodes: shown another level's route, t
 MISLED_SHARE = 1 / 3  # of the extractor's return samples: misled by another level's route
 ANSWER_CLASSES = ("add", "return", "upvote", "downvote")
 """what ``extractor_sample`` answers, in the order a count not divisible by four fills them"""
+EXTRACTOR_LESSONS = ("route", "key")
+"""what ``extractor_episodes`` teaches to add and follows for the votes: the level's own
+route, or the env's transferable lesson of its key (``KeyLessons``) where it writes one"""
 
 @dataclass
 class AdvisedEpisode:
@@ -52,6 +61,9 @@ class AdvisedEpisode:
     advice: ExperienceEntry | None = None
     followed: bool = True  # False: the entry was another level's and the episode set it aside
     lesson: bool = False  # the entry is the env's transferable lesson of the level's key
+    own: ExperienceEntry | None = None
+    """the lesson an ``add`` teaches (``extractor_lesson`` ``key``: the env's lesson of the
+    level's key); None: the level's own route (``_own_lesson``)"""
 
 
 class _FixedAdvice:
@@ -241,7 +253,7 @@ def answer_class(episode: AdvisedEpisode) -> str:
     if episode.trajectory.won:
         return "upvote" if followed else "add"
     own = (followed and bool(episode.trajectory.turns)
-           and episode.advice.title == _own_lesson(episode.trajectory).title)
+           and episode.advice.title == (episode.own or _own_lesson(episode.trajectory)).title)
     return "downvote" if own else "return"
 
 
@@ -264,7 +276,8 @@ def class_quotas(count: int) -> dict[str, int]:
 
 
 def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: float,
-                       rng: random.Random, **play: Any) -> list[AdvisedEpisode]:
+                       rng: random.Random, lesson: str = "route",
+                       **play: Any) -> list[AdvisedEpisode]:
     """Episodes whose ``extractor_sample`` answers are balanced over ``ANSWER_CLASSES``
     (``class_quotas(count)``), from consecutive levels of ``seeds`` until every class is full:
 
@@ -282,6 +295,13 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     - ``downvote``: an episode that followed a wrong lesson of its own level (its title, another
       level's moves: a lesson written from the wrong moves), then played on, and lost.
 
+    With ``lesson`` ``key`` (``EXTRACTOR_LESSONS``), on a level whose env writes a transferable
+    lesson for its key (``KeyLessons``), that lesson takes the route's place: an ``add`` teaches
+    it (``AdvisedEpisode.own``), the ``upvote`` episode follows it by its policy
+    (``play_oracle_episode``'s ``lesson``), the ``downvote`` one follows another key's lesson
+    under this key's title, and the routes shown or misled by are other keys' lessons; a level
+    without one keeps its route.
+
     Where the oracle recovers from ``noise`` (a random WebShop click or ALFWorld step rarely
     costs the episode), a lost class that is still wanted gets one more episode of the level,
     played on at ``STRAY_NOISE`` (after the route, for a followed one): an agent that wanders and
@@ -291,6 +311,8 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     Without balance the extractor learns the frequent answer for every episode (24 samples
     drawn from the actor's episodes, most of them won with an entry, taught ``upvote`` to
     everything). Returns fewer of a class when ``seeds`` run out first (the caller checks)."""
+    if lesson not in EXTRACTOR_LESSONS:
+        raise ValueError(f"lesson must be one of {', '.join(EXTRACTOR_LESSONS)}, got {lesson!r}")
     quotas = class_quotas(count)
     misled_quota = int(quotas["return"] * MISLED_SHARE)
     # "misled" is a share of the return class, filled apart so that plain losses cannot crowd it
@@ -300,60 +322,71 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     def wants(name: str) -> bool:
         return len(found[name]) < slots[name]
 
-    def lost_following(seed: int, advice: ExperienceEntry, moves: list[str],
-                       slot: str) -> None:
-        """Play ``seed`` following ``advice`` (its ``moves``) until an episode loses."""
+    def following(entry: ExperienceEntry, moves: list[str], keyed: bool) -> dict[str, Any]:
+        """How an episode follows ``entry``: a key's lesson by its policy, a route move by move."""
+        return {"advice": entry, "lesson": True} if keyed else {"advice": entry, "route": moves}
+
+    def lost_following(seed: int, slot: str, follow: dict[str, Any]) -> None:
+        """Play ``seed`` following ``follow``'s advice until an episode loses."""
         for level_noise in (noise, STRAY_NOISE) if 0 < noise < STRAY_NOISE else (noise,):
             episode = AdvisedEpisode(play_oracle_episode(
-                env_id, seed, noise=level_noise, rng=rng, advice=advice, route=moves, **play),
-                advice)
+                env_id, seed, noise=level_noise, rng=rng, **follow, **play), follow["advice"])
             if not episode.trajectory.won:
                 found[slot].append(episode)
                 return
 
-    routes: list[tuple[ExperienceEntry, list[str]]] = []  # earlier levels' winning routes
-    for seed in seeds:
-        if not any(wants(name) for name in slots):
-            break
-        if wants("add") or wants("return"):
-            # FOREIGN_SHARE of them are shown another level's route (retrieval can bring one),
-            # which the episode sets aside: the answer is still the episode's own add or return
-            other = rng.choice(routes)[0] if routes and rng.random() < FOREIGN_SHARE else None
-            plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
-                                                       advice=other, **play), other,
-                                   followed=False)
-            if other is not None and other.title == _own_lesson(plain.trajectory).title:
-                # an earlier level with this level's key: its route is no other level's
+    # earlier levels' lessons: winning routes, or key lessons (keyed) with their moves
+    routes: list[tuple[ExperienceEntry, list[str], bool]] = []
+    with closing(KeyLessons(env_id, play.get("env_kwargs"), play.get("options"))) as lessons:
+        for seed in seeds:
+            if not any(wants(name) for name in slots):
+                break
+            # read only where asked: a route warm start opens no env for it
+            key_lesson = lessons(seed) if lesson == "key" else None
+            if wants("add") or wants("return"):
+                # FOREIGN_SHARE are shown another level's route (retrieval can bring one),
+                # which the episode sets aside: the answer is still the episode's own
+                other = rng.choice(routes)[0] if routes and rng.random() < FOREIGN_SHARE else None
                 plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise, rng=rng,
-                                                           **play))
-            if wants(answer_class(plain)):
-                found[answer_class(plain)].append(plain)
-            if plain.trajectory.won and wants("return") and 0 < noise < STRAY_NOISE:
-                stray = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=STRAY_NOISE,
-                                                           rng=rng, **play))
-                if answer_class(stray) == "return":
-                    found["return"].append(stray)
-        if not (wants("upvote") or wants("downvote") or wants("misled")):
-            continue
-        earlier = earlier_route(env_id, seed, **play)
-        if earlier is None:
-            continue
-        entry, route = earlier
-        foreign = [(e, moves) for e, moves in routes if e.title != entry.title]
-        routes.append((entry, route))
-        if wants("upvote"):
-            own = AdvisedEpisode(play_oracle_episode(env_id, seed, rng=rng, advice=entry,
-                                                     route=route, **play), entry)
-            if answer_class(own) == "upvote":
-                found["upvote"].append(own)
-        if not foreign or not (wants("downvote") or wants("misled")):
-            continue
-        other, moves = rng.choice(foreign)
-        if wants("downvote") and moves != route:
-            wrong = replace(entry, id=f"wrong-{seed}", content=route_content(moves))
-            lost_following(seed, wrong, moves, "downvote")
-        if wants("misled"):
-            lost_following(seed, other, moves, "misled")
+                                                           advice=other, **play), other,
+                                       followed=False, own=key_lesson)
+                if other is not None and other.title == _own_lesson(plain.trajectory).title:
+                    # an earlier level with this level's key: its route is no other level's
+                    plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise,
+                                                               rng=rng, **play), own=key_lesson)
+                if wants(answer_class(plain)):
+                    found[answer_class(plain)].append(plain)
+                if plain.trajectory.won and wants("return") and 0 < noise < STRAY_NOISE:
+                    stray = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=STRAY_NOISE,
+                                                               rng=rng, **play))
+                    if answer_class(stray) == "return":
+                        found["return"].append(stray)
+            if not (wants("upvote") or wants("downvote") or wants("misled")):
+                continue
+            keyed = key_lesson is not None
+            earlier = ((key_lesson, route_moves(key_lesson.content) or []) if keyed
+                       else earlier_route(env_id, seed, **play))
+            if earlier is None:
+                continue
+            entry, route = earlier
+            foreign = [known for known in routes if known[0].title != entry.title]
+            routes.append((entry, route, keyed))
+            if wants("upvote"):
+                own = AdvisedEpisode(play_oracle_episode(
+                    env_id, seed, rng=rng, **following(entry, route, keyed), **play), entry,
+                    lesson=keyed, own=key_lesson)
+                if answer_class(own) == "upvote":
+                    found["upvote"].append(own)
+            if not foreign or not (wants("downvote") or wants("misled")):
+                continue
+            other, moves, other_keyed = rng.choice(foreign)
+            if wants("downvote") and moves != route:
+                # the level's title over another level's moves (a key lesson: its whole text)
+                wrong = replace(entry, id=f"wrong-{seed}",
+                                content=other.content if keyed else route_content(moves))
+                lost_following(seed, "downvote", following(wrong, moves, keyed))
+            if wants("misled"):
+                lost_following(seed, "misled", following(other, moves, other_keyed))
     return [episode for name in ("add", "return", "misled", "upvote", "downvote")
             for episode in found[name]]
 
@@ -378,7 +411,7 @@ def taught_answer(episode: AdvisedEpisode) -> str:
     kind = answer_class(episode)
     ops: list[dict[str, Any]]
     if kind == "add":
-        lesson = _own_lesson(episode.trajectory)
+        lesson = episode.own or _own_lesson(episode.trajectory)
         ops = [{"op": "add", "title": lesson.title, "content": lesson.content}]
     elif kind == "return":
         ops = [{"op": "return"}]

@@ -308,7 +308,7 @@ def _warm_extractor(cfg: TrainConfig, out: Path, rng: random.Random,
         count = w.extractor_samples // len(envs) + (index < w.extractor_samples % len(envs))
         found = extractor_episodes(
             entry.id, list(w.seeds()), count, noise=w.noise, rng=rng,
-            tokenizer=backend.tokenizer, max_context=backend.max_context,
+            lesson=w.extractor_lesson, tokenizer=backend.tokenizer, max_context=backend.max_context,
             max_new_tokens=cfg.actor.max_new_tokens, history=cfg.actor.history,
             env_kwargs=entry.kwargs, options=entry.options or None)
         classes = {name: 0 for name in class_quotas(count)}
