@@ -150,19 +150,20 @@ def replay_lessons(cfg, added: list[tuple[str, str | None]], count: int) -> dict
     out = {"cases": len(added), "keyed": 0, "unread": 0, "levels": 0, "extractor_wins": 0,
            "oracle_wins": 0}
     try:
+        # the oracle's lesson of a key wins the same levels for every case of that key
+        oracle_wins = {key: sum(bool(replay.wins_following(entry.id, seed, ": ".join(lesson)))
+                                for seed in levels[key])
+                       for key, lesson in oracle.items() if lesson and levels.get(key)}
         for key, text in added:
-            if not oracle[key] or not levels[key]:
+            if key not in oracle_wins:
                 continue
-            title, content = oracle[key]
             out["keyed"] += 1
             wins = [replay.wins_following(entry.id, seed, text) if text else None
                     for seed in levels[key]]
             out["unread"] += wins[0] is None  # the same text reads the same on every level
             out["levels"] += len(levels[key])
             out["extractor_wins"] += sum(bool(won) for won in wins)
-            out["oracle_wins"] += sum(bool(replay.wins_following(entry.id, seed,
-                                                                 f"{title}: {content}"))
-                                      for seed in levels[key])
+            out["oracle_wins"] += oracle_wins[key]
     finally:
         replay.close()
     return out
