@@ -49,6 +49,10 @@ FOREIGN_SHARE = 1 / 2  # of the advised episodes: shown another level's route, t
 MISLED_SHARE = 1 / 3  # of the extractor's return samples: misled by another level's route
 ANSWER_CLASSES = ("add", "return", "upvote", "downvote")
 """what ``extractor_sample`` answers, in the order a count not divisible by four fills them"""
+ADDS_PER_KEY = 2
+"""with key lessons, the most ``add`` samples of one key: the extractor must learn each key's
+lesson (a sweep is a start cell's, not the transcript's), so adds spread over keys (at 128
+samples the first levels' adds covered 17 of the 25 dark Room start cells, some three times)"""
 EXTRACTOR_LESSONS = ("route", "key")
 """what ``extractor_episodes`` teaches to add and follows for the votes: the level's own
 route, or the env's transferable lesson of its key (``KeyLessons``) where it writes one"""
@@ -300,7 +304,7 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     it (``AdvisedEpisode.own``), the ``upvote`` episode follows it by its policy
     (``play_oracle_episode``'s ``lesson``), the ``downvote`` one follows another key's lesson
     under this key's title, and the routes shown or misled by are other keys' lessons; a level
-    without one keeps its route.
+    without one keeps its route; no key gets more than ``ADDS_PER_KEY`` adds.
 
     Where the oracle recovers from ``noise`` (a random WebShop click or ALFWorld step rarely
     costs the episode), a lost class that is still wanted gets one more episode of the level,
@@ -354,7 +358,10 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
                     # an earlier level with this level's key: its route is no other level's
                     plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise,
                                                                rng=rng, **play), own=key_lesson)
-                if wants(answer_class(plain)):
+                if wants(answer_class(plain)) and not (
+                        answer_class(plain) == "add" and key_lesson is not None
+                        and sum(e.own.title == key_lesson.title for e in found["add"] if e.own)
+                        >= ADDS_PER_KEY):
                     found[answer_class(plain)].append(plain)
                 if plain.trajectory.won and wants("return") and 0 < noise < STRAY_NOISE:
                     stray = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=STRAY_NOISE,
