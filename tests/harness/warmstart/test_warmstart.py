@@ -321,9 +321,9 @@ def test_hardening_warmstart_lesson_fraction_is_a_share():
                            ) as err:
             load_config("cpu-demo", [f"warmstart.lesson_fraction={value}"])
         assert "\n" not in str(err.value)
-    assert load_config("cpu-demo").warmstart.lesson_fraction == 0.0  # the shipped recipe
-    assert load_config("cpu-demo", ["warmstart.lesson_fraction=0.3"]).warmstart.lesson_fraction \
-        == 0.3
+    assert load_config("cpu-demo").warmstart.lesson_fraction == 0.3  # the shipped recipe
+    assert load_config("cpu-demo", ["warmstart.lesson_fraction=0"]).warmstart.lesson_fraction \
+        == 0.0
 
 def test_extractor_answers_parse_and_follow_the_outcome(backend):
     episodes = actor_episodes(ROOM, [3, 4], noise=0.0, experience_fraction=1.0,
