@@ -1,7 +1,7 @@
 """Quiet output: third-party progress bars a user cannot act on, switched off at their source.
 
 Holds ``quiet_third_party``, which the ``crl`` commands that load models (``demo``, ``train``,
-``eval``) call unless ``--verbose``, and ``VERBOSE_COMMANDS``, the commands that take that flag.
+``eval``, ``warmstart``) call unless ``--verbose``, and ``VERBOSE_COMMANDS``, the commands that take that flag.
 What it silences: transformers' "Loading weights" and "Writing model shards" bars (one at every
 model load and save), huggingface_hub's download bars and vLLM's info and warning lines (a
 screenful at every engine start). Each phase keeps one display of our
@@ -23,7 +23,7 @@ import sys
 __all__ = ["quiet_third_party", "VERBOSE_COMMANDS", "HUB_BARS_VARIABLE", "VLLM_LEVEL_VARIABLE",
            "TORCH_CPP_LEVEL_VARIABLE"]
 
-VERBOSE_COMMANDS = ("demo", "train", "eval")
+VERBOSE_COMMANDS = ("demo", "train", "eval", "warmstart")
 """the ``crl`` commands that are quiet unless ``--verbose``"""
 
 HUB_BARS_VARIABLE = "HF_HUB_DISABLE_PROGRESS_BARS"

@@ -169,6 +169,28 @@ def test_crl_train_and_eval_on_the_tiny_model_are_quiet_unless_verbose(tmp_path)
 
 
 @pytest.mark.slow
+def test_crl_warmstart_on_the_tiny_model_is_quiet_unless_verbose(tmp_path):
+    from crl_harness.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")
+    warmstart = [sys.executable, "-m", "crl_harness.cli", "warmstart", "cpu-demo",
+                 f"warmstart.model=hf:{model}", "warmstart.episodes=2",
+                 "warmstart.extractor_samples=1", "warmstart.epochs=1",
+                 "warmstart.extractor_epochs=1", "warmstart.lora.top_layers=1",
+                 "warmstart.lora.r=4", "warmstart.dtype=float32", "run.torch_threads=1",
+                 "actor.max_new_tokens=128", "extractor.max_new_tokens=192"]
+    quiet = subprocess.run([*warmstart, f"warmstart.output_dir={tmp_path / 'quiet'}"],
+                           capture_output=True, text=True, cwd=ROOT, env=_env())
+    assert quiet.returncode == 0, quiet.stderr
+    assert (tmp_path / "quiet" / "actor" / "adapter_config.json").exists()
+    assert _third_party_noise(quiet.stdout + quiet.stderr) == []
+    verbose = subprocess.run([*warmstart, f"warmstart.output_dir={tmp_path / 'verbose'}",
+                              "--verbose"], capture_output=True, text=True, cwd=ROOT, env=_env())
+    assert verbose.returncode == 0, verbose.stderr
+    assert "Loading weights" in verbose.stderr
+
+
+@pytest.mark.slow
 def test_crl_demo_on_the_tiny_model_prints_no_warning(tmp_path):
     """The whole ``crl demo`` (the scripted table, the warm start's held-out levels, a training
     step, the trained actor's levels, the test-time check) on the tiny model: no line of its
