@@ -24,6 +24,9 @@ import time
 
 
 def main() -> None:
+    from crl_harness.quiet import quiet_third_party
+
+    quiet_third_party()  # as crl's commands (HF_HUB_DISABLE_PROGRESS_BARS=0 shows the bars)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="cpu-demo")
     parser.add_argument("--steps", type=int, default=2, help="steps of rollouts, each timed")

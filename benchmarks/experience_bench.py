@@ -435,6 +435,9 @@ def load() -> str:
 
 
 def main() -> None:
+    from crl_harness.quiet import quiet_third_party
+
+    quiet_third_party()  # as crl's commands (HF_HUB_DISABLE_PROGRESS_BARS=0 shows the bars)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--entries", type=int, default=20_000)
     parser.add_argument("--dense-entries", type=int, default=None,

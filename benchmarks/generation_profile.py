@@ -57,6 +57,9 @@ def _profile(fn, wall: float) -> dict[str, float]:
 
 
 def main() -> None:
+    from crl_harness.quiet import quiet_third_party
+
+    quiet_third_party()  # as crl's commands (HF_HUB_DISABLE_PROGRESS_BARS=0 shows the bars)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="assets/warmstart/cpu-demo/actor")
     parser.add_argument("--env", default="CRL/MiniHackRoom-v0")

@@ -102,6 +102,9 @@ def _contender() -> subprocess.Popen:
 
 
 def main() -> None:
+    from crl_harness.quiet import quiet_third_party
+
+    quiet_third_party()  # as crl's commands (HF_HUB_DISABLE_PROGRESS_BARS=0 shows the bars)
     from crl_harness.models.vllm import vllm_available
 
     args = _parser().parse_args()

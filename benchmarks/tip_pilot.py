@@ -67,6 +67,9 @@ def level_entries(cfg, seeds: list[int], tokenizer) -> tuple[list[int], dict, di
 
 
 def main() -> None:
+    from crl_harness.quiet import quiet_third_party
+
+    quiet_third_party()  # as crl's commands (HF_HUB_DISABLE_PROGRESS_BARS=0 shows the bars)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="cpu-demo")
     parser.add_argument("--agent", default=None, help="default: the actor the config starts from")

@@ -79,6 +79,9 @@ def _summary(result: dict) -> dict:
 
 
 def main() -> None:
+    from crl_harness.quiet import quiet_third_party
+
+    quiet_third_party()  # as crl's commands (HF_HUB_DISABLE_PROGRESS_BARS=0 shows the bars)
     args = _parser().parse_args()
     if args.side:
         print(json.dumps(run_side(args)))

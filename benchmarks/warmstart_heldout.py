@@ -22,6 +22,9 @@ from pathlib import Path
 
 
 def main() -> None:
+    from crl_harness.quiet import quiet_third_party
+
+    quiet_third_party()  # as crl's commands (HF_HUB_DISABLE_PROGRESS_BARS=0 shows the bars)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="mix3-cpu")
     parser.add_argument("--levels", type=int, default=32, help="held-out levels per env")
