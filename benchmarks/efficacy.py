@@ -91,6 +91,9 @@ def run_arm(levels: int, quality_episodes: int, report_to: list[str], *run: obje
     the tables read. A run whose extractor trained (co-evolve) saves it (``extractor_hf``) and
     measures its quality on ``quality_episodes`` episodes. A missing model or data, or a full
     disk, ends the process with one line, as ``crl`` does."""
+    from crl_harness.quiet import quiet_third_party
+
+    quiet_third_party()  # a spawned process has the variables, not the filters and loggers
     from crl_envs.errors import UserFacingError
     from crl_harness.config import config_to_dict
     from crl_harness.eval.heldout import evaluate_levels

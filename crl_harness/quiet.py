@@ -47,13 +47,14 @@ def quiet_third_party() -> None:
 
     os.environ.setdefault(TORCH_CPP_LEVEL_VARIABLE, "ERROR")  # (too late once torch is loaded)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
-    if VLLM_LEVEL_VARIABLE not in os.environ:
-        os.environ[VLLM_LEVEL_VARIABLE] = "ERROR"
-        # its logger directly too: imported already, it read the variable; and vLLM's import
-        # warns about Triton before it configures its logger from the variable
-        import logging
+    level = os.environ.setdefault(VLLM_LEVEL_VARIABLE, "ERROR")
+    # its logger directly too, at the variable's level (a child process inherits the variable,
+    # not the logger): imported already, vLLM read the variable; and its import warns about
+    # Triton before it configures its logger from the variable
+    import logging
 
-        logging.getLogger("vllm").setLevel(logging.ERROR)
+    logging.getLogger("vllm").setLevel(level.upper() if level.upper() in
+                                       logging.getLevelNamesMapping() else logging.ERROR)
     if HUB_BARS_VARIABLE in os.environ:
         return
     os.environ[HUB_BARS_VARIABLE] = "1"

@@ -24,6 +24,26 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
 
 
+@pytest.mark.parametrize(("preset", "level"), [
+    (None, "ERROR"), ("INFO", "INFO"), ("warning", "WARNING"), ("LOUD", "ERROR")])
+def test_hardening_quiet_sets_vllms_logger_from_its_variable(monkeypatch, preset, level):
+    # a spawned process (efficacy.py's runs) inherits the variable but not the logger's level;
+    # a value the user set wins, one logging does not know falls back to errors only
+    import logging
+
+    from crl_harness.quiet import HUB_BARS_VARIABLE, VLLM_LEVEL_VARIABLE, quiet_third_party
+
+    logger = logging.getLogger("vllm")
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    monkeypatch.setenv(HUB_BARS_VARIABLE, os.environ.get(HUB_BARS_VARIABLE, "1"))
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))
+    monkeypatch.setenv(VLLM_LEVEL_VARIABLE, preset or "")  # restored after, whatever it was
+    if preset is None:
+        monkeypatch.delenv(VLLM_LEVEL_VARIABLE)
+    quiet_third_party()
+    assert logging.getLevelName(logger.level) == level
+
+
 @pytest.mark.slow
 def test_demo_table_is_quiet(tmp_path):
     """Our warnings once a process (the toy's sandbox warns at every reset); no pkg_resources
