@@ -51,8 +51,8 @@ ANSWER_CLASSES = ("add", "return", "upvote", "downvote")
 """what ``extractor_sample`` answers, in the order a count not divisible by four fills them"""
 ADDS_PER_KEY = 2
 """with key lessons, the most ``add`` samples of one key: the extractor must learn each key's
-lesson (a sweep is a start cell's, not the transcript's), so adds spread over keys (at 128
-samples the first levels' adds covered 17 of the 25 dark Room start cells, some three times)"""
+lesson (a sweep is a start cell's, not the transcript's), so adds spread over keys (cpu-demo's
+warm start at 256 samples: 20 of the 25 dark Room start cells, 17 without the cap)"""
 EXTRACTOR_LESSONS = ("route", "key")
 """what ``extractor_episodes`` teaches to add and follows for the votes: the level's own
 route, or the env's transferable lesson of its key (``KeyLessons``) where it writes one"""
@@ -358,11 +358,11 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
                     # an earlier level with this level's key: its route is no other level's
                     plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise,
                                                                rng=rng, **play), own=key_lesson)
-                if wants(answer_class(plain)) and not (
-                        answer_class(plain) == "add" and key_lesson is not None
-                        and sum(e.own.title == key_lesson.title for e in found["add"] if e.own)
-                        >= ADDS_PER_KEY):
-                    found[answer_class(plain)].append(plain)
+                name = answer_class(plain)
+                key_full = name == "add" and key_lesson is not None and ADDS_PER_KEY <= sum(
+                    e.own.title == key_lesson.title for e in found["add"] if e.own)
+                if wants(name) and not key_full:
+                    found[name].append(plain)
                 if plain.trajectory.won and wants("return") and 0 < noise < STRAY_NOISE:
                     stray = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=STRAY_NOISE,
                                                                rng=rng, **play))
