@@ -25,7 +25,9 @@ Rules worth knowing (also in ``instructions``):
   seeded rng; ``options={"task_id": i}`` picks game ``i`` of the split (or a game id string).
 
 Making an env reads the split's index only (``crl_envs.alfworld.data``); the engine starts, and a
-game is parsed, when a reset needs it. A reset that picks the game already loaded skips the parse.
+game is parsed, when a reset needs it. A reset that picks the game already loaded skips the parse
+and reuses the game's PDDL translation (fast-downward's, about a second a game), so replaying a
+game restarts in a fraction of that; a new game is translated once, not twice (load and reset).
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ class ALFWorldEnv(TextEnv):
         self.games(self.split)  # a missing dataset or an empty filter fails here, not at reset
         self._engine: Any = None
         self._loaded: Game | None = None
+        # the loaded game's fast-downward translations, by (domain, problem, optimize): see _translations_reused
+        self._translations: dict[tuple[str, str, bool], Any] = {}
         self.game: Game | None = None
         self._state: Any = None
         self._intro = ""
@@ -207,11 +211,12 @@ class ALFWorldEnv(TextEnv):
     def _reset(self, seed: int | None, options: dict[str, Any]) -> str:
         games = self.games(options.get("split", self.split))
         game = self._pick(games, options.get("task_id"))
-        with _TRANSLATOR_LOCK, _argv_kept():
+        with _TRANSLATOR_LOCK, _argv_kept(), _translations_reused(self._translations):
             if self._engine is None:
                 self._engine = _start_engine()
             if self._loaded != game:
                 self._loaded = None  # a failed load must not look loaded
+                self._translations.clear()  # one game's translations at a time: they are MBs
                 _drop_interned_facts()
                 try:
                     self._engine.load(str(game.path))
@@ -270,6 +275,7 @@ class ALFWorldEnv(TextEnv):
             self._engine.unwrapped.downward_lib.cleanup()
         self._engine = None
         self._loaded = None
+        self._translations.clear()
         self._state = None
         self._needs_reset = True
         super().close()
@@ -289,6 +295,35 @@ def _argv_kept():
         yield
     finally:
         sys.argv = argv
+
+
+@contextmanager
+def _translations_reused(translations: dict[tuple[str, str, bool], Any]):
+    """Make fast-downward's ``pddl2sas`` answer a problem it translated before from ``translations``.
+
+    textworld's ``PddlState`` translates the game's PDDL problem twice (plain and optimized for
+    the planner) every time it is built: once when a game is loaded and again at each reset,
+    although the problem text is the same. The translation is a pure function of the domain and
+    problem text, and ``PddlState`` only reads the task it returns, so one translation per game
+    serves every reset. textworld calls ``fast_downward.pddl2sas`` by attribute at call time and
+    offers no other hook, so the function is swapped for the time of a load or reset, under
+    ``_TRANSLATOR_LOCK`` (every translation in this process runs under it).
+    """
+    import fast_downward
+
+    translate = fast_downward.pddl2sas
+
+    def pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
+        key = (domain, problem, bool(optimize))
+        if key not in translations:
+            translations[key] = translate(domain, problem, verbose=verbose, optimize=optimize)
+        return translations[key]
+
+    fast_downward.pddl2sas = pddl2sas
+    try:
+        yield
+    finally:
+        fast_downward.pddl2sas = translate
 
 
 def _drop_interned_facts() -> None:

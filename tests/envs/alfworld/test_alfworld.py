@@ -120,6 +120,34 @@ def test_reset_on_the_same_game_starts_it_fresh(unseen):
     assert unseen.step(walkthrough[0])[0] == seen_fresh, "the object is back where it was"
 
 
+def test_a_game_is_translated_once_and_replays_fresh_from_that_translation(monkeypatch):
+    """The PDDL translation (about a second) runs once a game, plain and optimized, not again
+    at each reset; a replay from it is a fresh game: same start, same plan, and it wins again."""
+    require_data("alfworld", "valid.txz")
+    import fast_downward
+
+    translate, translated = fast_downward.pddl2sas, []
+
+    def counting(domain, problem, verbose=False, optimize=False):
+        translated.append(optimize)
+        return translate(domain, problem, verbose=verbose, optimize=optimize)
+
+    monkeypatch.setattr(fast_downward, "pddl2sas", counting)
+    env = gym.make(ENV_ID, split="eval_out_of_distribution")
+    starts = []
+    for _ in range(2):
+        obs, info = env.reset(options={"task_id": 0})
+        plan = env.unwrapped.replan()
+        for command in env.unwrapped.walkthrough:
+            _, reward, terminated, _, _ = env.step(command)
+        starts.append((obs, info["admissible_actions"], plan, reward, terminated))
+    assert translated == [False, True], "the replay translated the game again"
+    assert starts[0] == starts[1] and starts[0][3:] == (1.0, True)
+    env.reset(options={"task_id": 1})
+    assert translated == [False, True, False, True], "another game needs its own translation"
+    env.close()
+
+
 def test_out_of_steps_pays_minus_one_on_the_last_step(unseen):
     unseen.reset(seed=3)
     limit = unseen.spec.max_episode_steps
