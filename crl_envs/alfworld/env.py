@@ -37,6 +37,7 @@ import numbers
 import os
 import sys
 import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any
 
@@ -55,6 +56,9 @@ TASK_PREFIX = "Your task is to:"
 # sys.stdout while it runs, so two envs loading games at once in threads would mix their
 # settings; loads and resets take this lock (steps do not translate and need no lock).
 _TRANSLATOR_LOCK = threading.Lock()
+
+# How many games' PDDL translations an env keeps for later resets (see _translations_reused).
+TRANSLATED_GAMES_KEPT = 4
 
 
 class ALFWorldEnv(TextEnv):
@@ -129,8 +133,9 @@ class ALFWorldEnv(TextEnv):
         self.games(self.split)  # a missing dataset or an empty filter fails here, not at reset
         self._engine: Any = None
         self._loaded: Game | None = None
-        # the loaded game's fast-downward translations, by (domain, problem, optimize): see _translations_reused
-        self._translations: dict[tuple[str, str, bool], Any] = {}
+        # the last games' fast-downward translations, by (domain, problem, optimize), oldest
+        # first: see _translations_reused
+        self._translations: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
         self.game: Game | None = None
         self._state: Any = None
         self._intro = ""
@@ -216,7 +221,6 @@ class ALFWorldEnv(TextEnv):
                 self._engine = _start_engine()
             if self._loaded != game:
                 self._loaded = None  # a failed load must not look loaded
-                self._translations.clear()  # one game's translations at a time: they are MBs
                 _drop_interned_facts()
                 try:
                     self._engine.load(str(game.path))
@@ -298,7 +302,7 @@ def _argv_kept():
 
 
 @contextmanager
-def _translations_reused(translations: dict[tuple[str, str, bool], Any]):
+def _translations_reused(translations: OrderedDict[tuple[str, str, bool], Any]):
     """Make fast-downward's ``pddl2sas`` answer a problem it translated before from ``translations``.
 
     textworld's ``PddlState`` translates the game's PDDL problem twice (plain and optimized for
@@ -307,7 +311,9 @@ def _translations_reused(translations: dict[tuple[str, str, bool], Any]):
     problem text, and ``PddlState`` only reads the task it returns, so one translation per game
     serves every reset. textworld calls ``fast_downward.pddl2sas`` by attribute at call time and
     offers no other hook, so the function is swapped for the time of a load or reset, under
-    ``_TRANSLATOR_LOCK`` (every translation in this process runs under it).
+    ``_TRANSLATOR_LOCK`` (every translation in this process runs under it). The last
+    ``TRANSLATED_GAMES_KEPT`` games' translations are kept (1 to 3 MB a game), so an env that
+    alternates between a few games does not translate them again either.
     """
     import fast_downward
 
@@ -315,8 +321,12 @@ def _translations_reused(translations: dict[tuple[str, str, bool], Any]):
 
     def pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
         key = (domain, problem, bool(optimize))
-        if key not in translations:
-            translations[key] = translate(domain, problem, verbose=verbose, optimize=optimize)
+        if key in translations:
+            translations.move_to_end(key)
+            return translations[key]
+        translations[key] = translate(domain, problem, verbose=verbose, optimize=optimize)
+        while len(translations) > 2 * TRANSLATED_GAMES_KEPT:  # two translations a game
+            translations.popitem(last=False)
         return translations[key]
 
     fast_downward.pddl2sas = pddl2sas

@@ -122,7 +122,8 @@ def test_reset_on_the_same_game_starts_it_fresh(unseen):
 
 def test_a_game_is_translated_once_and_replays_fresh_from_that_translation(monkeypatch):
     """The PDDL translation (about a second) runs once a game, plain and optimized, not again
-    at each reset; a replay from it is a fresh game: same start, same plan, and it wins again."""
+    at each reset nor on a return to a recent game; a replay from it is a fresh game: same
+    start, same plan, and it wins again."""
     require_data("alfworld", "valid.txz")
     import fast_downward
 
@@ -145,6 +146,8 @@ def test_a_game_is_translated_once_and_replays_fresh_from_that_translation(monke
     assert starts[0] == starts[1] and starts[0][3:] == (1.0, True)
     env.reset(options={"task_id": 1})
     assert translated == [False, True, False, True], "another game needs its own translation"
+    assert env.reset(options={"task_id": 0})[0] == starts[0][0]
+    assert len(translated) == 4, "the last games' translations are kept"
     env.close()
 
 
