@@ -4,6 +4,7 @@ that our code triggers."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -141,28 +142,37 @@ def test_adapter_save_and_model_load_print_no_warning(tmp_path):
     assert _third_party_noise(run.stdout + run.stderr) == []
 
 
+@pytest.fixture(scope="module")
+def tiny_with_warm_adapters(tmp_path_factory) -> tuple[Path, Path]:
+    """The tiny model and a folder with a warm start's LoRA adapters on it (``actor/``,
+    ``extractor/``), as ``crl warmstart`` leaves them; built once, in this process (a subprocess
+    would pay torch's import again), for the tests that start the CLI on them. A test copies
+    the folder, so a run that writes there cannot change what the next one starts from."""
+    pytest.importorskip("peft")
+    from crl_harness.config.schema import LoRAConfig
+    from crl_harness.models.hf import HFBackend
+    from crl_harness.models.tiny import build_tiny_model
+    from crl_harness.training.learner import PolicyLearner
+
+    folder = tmp_path_factory.mktemp("tiny")
+    model = build_tiny_model(folder / "tiny")
+    for role in ("actor", "extractor"):
+        backend = HFBackend(model, dtype="float32", device="cpu")
+        PolicyLearner(backend.model, lr=1e-3, max_grad_norm=1.0, temperature=1.0,
+                      micro_batch_size=2, lora=LoRAConfig(enabled=True)).save_adapter(
+            folder / "warm" / role, str(model))
+        backend.close()
+    return model, folder / "warm"
+
+
 @pytest.mark.slow
-def test_crl_train_and_eval_on_the_tiny_model_are_quiet_unless_verbose(tmp_path):
+def test_crl_train_and_eval_on_the_tiny_model_are_quiet_unless_verbose(tmp_path,
+                                                                        tiny_with_warm_adapters):
     """``crl train`` (its warm start's adapters loaded and continued, a checkpoint's adapters
     saved) and ``crl eval`` of that checkpoint print no warning and no library bar; ``crl eval
     --verbose`` shows the bars."""
-    pytest.importorskip("peft")
-    from crl_harness.models.tiny import build_tiny_model
-
-    model = build_tiny_model(tmp_path / "tiny")
-    script = textwrap.dedent(f"""
-        from crl_harness.config.schema import LoRAConfig
-        from crl_harness.models.hf import HFBackend
-        from crl_harness.training.learner import PolicyLearner
-
-        backend = HFBackend({str(model)!r}, dtype="float32", device="cpu")
-        PolicyLearner(backend.model, lr=1e-3, max_grad_norm=1.0, temperature=1.0,
-                      micro_batch_size=2, lora=LoRAConfig(enabled=True)).save_adapter(
-            {str(tmp_path / "warm" / "actor")!r}, {str(model)!r})
-    """)
-    made = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=ROOT, env=_env())
-    assert made.returncode == 0, made.stderr
+    model, warm = tiny_with_warm_adapters
+    shutil.copytree(warm, tmp_path / "warm")
     crl = [sys.executable, "-m", "crl_harness.cli"]
     run_dir = tmp_path / "run"
     train = subprocess.run(
@@ -211,28 +221,12 @@ def test_crl_warmstart_on_the_tiny_model_is_quiet_unless_verbose(tmp_path):
 
 
 @pytest.mark.slow
-def test_crl_demo_on_the_tiny_model_prints_no_warning(tmp_path):
+def test_crl_demo_on_the_tiny_model_prints_no_warning(tmp_path, tiny_with_warm_adapters):
     """The whole ``crl demo`` (the scripted table, the warm start's held-out levels, a training
     step, the trained actor's levels, the test-time check) on the tiny model: no line of its
     output is a warning or a library's load bar."""
-    pytest.importorskip("peft")
-    from crl_harness.models.tiny import build_tiny_model
-
-    model = build_tiny_model(tmp_path / "tiny")
-    script = textwrap.dedent(f"""
-        from crl_harness.config.schema import LoRAConfig
-        from crl_harness.models.hf import HFBackend
-        from crl_harness.training.learner import PolicyLearner
-
-        for role in ("actor", "extractor"):
-            backend = HFBackend({str(model)!r}, dtype="float32", device="cpu")
-            PolicyLearner(backend.model, lr=1e-3, max_grad_norm=1.0, temperature=1.0,
-                          micro_batch_size=2, lora=LoRAConfig(enabled=True)).save_adapter(
-                {str(tmp_path / "warm")!r} + "/" + role, {str(model)!r})
-    """)
-    made = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=ROOT, env=_env())
-    assert made.returncode == 0, made.stderr
+    model, warm = tiny_with_warm_adapters
+    shutil.copytree(warm, tmp_path / "warm")
     demo = subprocess.run(
         [sys.executable, "-m", "crl_harness.cli", "demo", "--envs", "CRL/Sokoban-v0",
          "--episodes", "1", "--eval-levels", "2", "--test-time-levels", "1",
