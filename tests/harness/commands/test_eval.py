@@ -129,11 +129,16 @@ def test_hardening_crl_eval_kv_cache_flags(tmp_path, capsys):
                  "--kv-cache-tokens", "0", "--out", str(tmp_path / "bad"), "--no-progress"])
     assert code == 2 and "--kv-cache-tokens must be >= 1" in capsys.readouterr().err
     model = build_tiny_model(tmp_path / "tiny")
+    # 3 turns an episode: the later turns are where a reused (or capped) cache would serve the
+    # conversation's prefix; the first prompt alone is longer than the 50-token cap
     for flags, name in ((["--no-kv-reuse"], "off"), (["--kv-cache-tokens", "50"], "tiny-cap")):
         out = tmp_path / name
         assert main(["eval", "--agent", f"hf:{model}", "--envs", "CRL/Sokoban-v0", "--episodes",
-                     "2", "--max-new-tokens", "4", "--out", str(out), "--no-progress", *flags]) == 0
-        assert json.loads((out / "report.json").read_text())["envs"][0]["episodes"] == 2
+                     "2", "--max-new-tokens", "4", "--env-kwargs", "max_episode_steps=3",
+                     "--out", str(out), "--no-progress", *flags]) == 0
+        report = json.loads((out / "report.json").read_text())
+        assert report["envs"][0]["episodes"] == 2
+        assert all(e["steps"] == 3 for e in report["episodes"]), "a lost episode plays 3 turns"
 
 
 def test_hardening_crl_eval_env_kwargs(tmp_path, capsys):
