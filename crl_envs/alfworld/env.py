@@ -27,7 +27,9 @@ Rules worth knowing (also in ``instructions``):
 Making an env reads the split's index only (``crl_envs.alfworld.data``); the engine starts, and a
 game is parsed, when a reset needs it. A reset that picks the game already loaded skips the parse
 and reuses the game's PDDL translation (fast-downward's, about a second a game), so replaying a
-game restarts in a fraction of that; a new game is translated once, not twice (load and reset).
+game restarts in a fraction of that; a new game is translated once, not twice (load and reset),
+and the process's envs share the last games' translations (a group playing one game, an env
+returning to a recent one).
 """
 
 from __future__ import annotations
@@ -57,8 +59,11 @@ TASK_PREFIX = "Your task is to:"
 # settings; loads and resets take this lock (steps do not translate and need no lock).
 _TRANSLATOR_LOCK = threading.Lock()
 
-# How many games' PDDL translations an env keeps for later resets (see _translations_reused).
-TRANSLATED_GAMES_KEPT = 4
+# The last games' fast-downward translations, by (domain, problem, optimize), oldest first,
+# shared by the process's envs and read and written under _TRANSLATOR_LOCK only; at most
+# TRANSLATED_GAMES_KEPT games (two translations each). See _translations_reused.
+TRANSLATED_GAMES_KEPT = 8
+_TRANSLATIONS: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
 
 
 class ALFWorldEnv(TextEnv):
@@ -133,9 +138,6 @@ class ALFWorldEnv(TextEnv):
         self.games(self.split)  # a missing dataset or an empty filter fails here, not at reset
         self._engine: Any = None
         self._loaded: Game | None = None
-        # the last games' fast-downward translations, by (domain, problem, optimize), oldest
-        # first: see _translations_reused
-        self._translations: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
         self.game: Game | None = None
         self._state: Any = None
         self._intro = ""
@@ -216,7 +218,7 @@ class ALFWorldEnv(TextEnv):
     def _reset(self, seed: int | None, options: dict[str, Any]) -> str:
         games = self.games(options.get("split", self.split))
         game = self._pick(games, options.get("task_id"))
-        with _TRANSLATOR_LOCK, _argv_kept(), _translations_reused(self._translations):
+        with _TRANSLATOR_LOCK, _argv_kept(), _translations_reused():
             if self._engine is None:
                 self._engine = _start_engine()
             if self._loaded != game:
@@ -279,7 +281,6 @@ class ALFWorldEnv(TextEnv):
             self._engine.unwrapped.downward_lib.cleanup()
         self._engine = None
         self._loaded = None
-        self._translations.clear()
         self._state = None
         self._needs_reset = True
         super().close()
@@ -302,8 +303,8 @@ def _argv_kept():
 
 
 @contextmanager
-def _translations_reused(translations: OrderedDict[tuple[str, str, bool], Any]):
-    """Make fast-downward's ``pddl2sas`` answer a problem it translated before from ``translations``.
+def _translations_reused():
+    """Make fast-downward's ``pddl2sas`` answer a problem translated before from ``_TRANSLATIONS``.
 
     textworld's ``PddlState`` translates the game's PDDL problem twice (plain and optimized for
     the planner) every time it is built: once when a game is loaded and again at each reset,
@@ -312,8 +313,10 @@ def _translations_reused(translations: OrderedDict[tuple[str, str, bool], Any]):
     serves every reset. textworld calls ``fast_downward.pddl2sas`` by attribute at call time and
     offers no other hook, so the function is swapped for the time of a load or reset, under
     ``_TRANSLATOR_LOCK`` (every translation in this process runs under it). The last
-    ``TRANSLATED_GAMES_KEPT`` games' translations are kept (1 to 3 MB a game), so an env that
-    alternates between a few games does not translate them again either.
+    ``TRANSLATED_GAMES_KEPT`` games' translations are kept for the whole process (1 to 3 MB a
+    game): envs that play the same game (a group of rollouts) translate it once, and an env
+    that returns to a recent game does not translate it again. Each env still has its own
+    planner library and state; the shared task is only read.
     """
     import fast_downward
 
@@ -321,13 +324,13 @@ def _translations_reused(translations: OrderedDict[tuple[str, str, bool], Any]):
 
     def pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
         key = (domain, problem, bool(optimize))
-        if key in translations:
-            translations.move_to_end(key)
-            return translations[key]
-        translations[key] = translate(domain, problem, verbose=verbose, optimize=optimize)
-        while len(translations) > 2 * TRANSLATED_GAMES_KEPT:  # two translations a game
-            translations.popitem(last=False)
-        return translations[key]
+        if key in _TRANSLATIONS:
+            _TRANSLATIONS.move_to_end(key)
+            return _TRANSLATIONS[key]
+        _TRANSLATIONS[key] = translate(domain, problem, verbose=verbose, optimize=optimize)
+        while len(_TRANSLATIONS) > 2 * TRANSLATED_GAMES_KEPT:  # two translations a game
+            _TRANSLATIONS.popitem(last=False)
+        return _TRANSLATIONS[key]
 
     fast_downward.pddl2sas = pddl2sas
     try:

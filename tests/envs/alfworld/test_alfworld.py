@@ -122,10 +122,12 @@ def test_reset_on_the_same_game_starts_it_fresh(unseen):
 
 def test_a_game_is_translated_once_and_replays_fresh_from_that_translation(monkeypatch):
     """The PDDL translation (about a second) runs once a game, plain and optimized, not again
-    at each reset nor on a return to a recent game; a replay from it is a fresh game: same
-    start, same plan, and it wins again."""
+    at each reset, nor for another env on that game, nor on a return to a recent game; a replay
+    from it is a fresh game: same start, same plan, and it wins again."""
     require_data("alfworld", "valid.txz")
     import fast_downward
+
+    from crl_envs.alfworld import env as alfworld_env
 
     translate, translated = fast_downward.pddl2sas, []
 
@@ -134,21 +136,23 @@ def test_a_game_is_translated_once_and_replays_fresh_from_that_translation(monke
         return translate(domain, problem, verbose=verbose, optimize=optimize)
 
     monkeypatch.setattr(fast_downward, "pddl2sas", counting)
-    env = gym.make(ENV_ID, split="eval_out_of_distribution")
+    monkeypatch.setattr(alfworld_env, "_TRANSLATIONS", type(alfworld_env._TRANSLATIONS)())
+    envs = [gym.make(ENV_ID, split="eval_out_of_distribution") for _ in range(2)]
     starts = []
-    for _ in range(2):
+    for env in (envs[0], envs[0], envs[1]):  # a replay, then a second env on the same game
         obs, info = env.reset(options={"task_id": 0})
         plan = env.unwrapped.replan()
         for command in env.unwrapped.walkthrough:
             _, reward, terminated, _, _ = env.step(command)
         starts.append((obs, info["admissible_actions"], plan, reward, terminated))
-    assert translated == [False, True], "the replay translated the game again"
-    assert starts[0] == starts[1] and starts[0][3:] == (1.0, True)
-    env.reset(options={"task_id": 1})
+    assert translated == [False, True], "the game was translated again"
+    assert starts[0] == starts[1] == starts[2] and starts[0][3:] == (1.0, True)
+    envs[0].reset(options={"task_id": 1})
     assert translated == [False, True, False, True], "another game needs its own translation"
-    assert env.reset(options={"task_id": 0})[0] == starts[0][0]
+    assert envs[0].reset(options={"task_id": 0})[0] == starts[0][0]
     assert len(translated) == 4, "the last games' translations are kept"
-    env.close()
+    for env in envs:
+        env.close()
 
 
 def test_out_of_steps_pays_minus_one_on_the_last_step(unseen):
