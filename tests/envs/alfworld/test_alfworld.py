@@ -1,6 +1,6 @@
 """CRL/ALFWorld-v0 on the real TextWorld/PDDL engine and the real json_2.1.1 games.
 
-Resets take 0.5-5 s each (the engine translates the game's PDDL), so each test plays few games.
+A new game takes 0.3-2.5 s to load (the engine translates its PDDL once), so each test plays few games.
 The contract checks shared by every env (check_env, garbage actions) live in test_contract.py.
 """
 
