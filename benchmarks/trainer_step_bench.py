@@ -3,9 +3,10 @@ process (vLLM's engine and the allocator setting are process-wide).
 
 Each side builds a ``Trainer`` of ``--config`` (default ``cpu-demo``: the shipped warm start,
 arm co-evolve) into a temporary folder, with the actor updated from step 1
-(``actor.warmup_steps=0``), and times ``--steps`` steps: the rollout phase, the weight sync to
-the rollout engine (zero on ``hf``: the learner trains the sampler's own model), the whole step,
-and generated tokens per second of the rollout phase. The first step pays one-off costs
+(``actor.warmup_steps=0``), and times ``--steps`` steps: the rollout phase, the actor's update
+(and its ratio to the rollout phase), the weight sync to the rollout engine (zero on ``hf``: the
+learner trains the sampler's own model), the whole step, and generated tokens per second of the
+rollout phase. The first step pays one-off costs
 (kernels, the first prefixes), so the median is over the steps after it. Sides:
 - ``hf``: ``actor.rollout_engine=hf`` (and the extractor's), the default;
 - ``vllm``: the actor's and the extractor's generations on vLLM engines in the trainer's process
@@ -60,6 +61,7 @@ def run_side(args: argparse.Namespace) -> dict:
                 m = trainer.train_step(step)
                 steps.append({"step_s": time.perf_counter() - start,
                               "rollout_s": m["time/rollout"], "sync_s": m["time/sync"],
+                              "actor_update_s": m["time/actor_update"],
                               "update_s": m["time/actor_update"] + m["time/extractor_update"],
                               "tokens": m["rollout/generated_tokens"],
                               "episodes": m["rollout/episodes"],
@@ -72,7 +74,7 @@ def run_side(args: argparse.Namespace) -> dict:
 def _summary(result: dict) -> dict:
     timed = result["steps"][1:]
     median = {key: statistics.median(s[key] for s in timed)
-              for key in ("step_s", "rollout_s", "sync_s", "update_s", "gap")}
+              for key in ("step_s", "rollout_s", "sync_s", "actor_update_s", "gap")}
     median["tok_s"] = statistics.median(s["tokens"] / s["rollout_s"] for s in timed)
     median["sync_share"] = median["sync_s"] / median["step_s"]
     return median
@@ -109,16 +111,18 @@ def main() -> None:
         for i, s in enumerate(results[side]["steps"], 1):
             print(f"{side:5s} step {i}: step {s['step_s']:6.1f} s, rollout {s['rollout_s']:6.1f} s "
                   f"({s['episodes']:.0f} episodes, {s['tokens']:.0f} tokens), sync "
-                  f"{s['sync_s']:5.2f} s, updates {s['update_s']:6.1f} s, gap {s['gap']:.4f}",
+                  f"{s['sync_s']:5.2f} s, actor update {s['actor_update_s']:6.1f} s, both updates "
+                  f"{s['update_s']:6.1f} s, gap {s['gap']:.4f}",
                   flush=True)
     print(f"\nmedian of steps 2-{args.steps} (config {args.config}"
           f"{', ' + ', '.join(args.set) if args.set else ''}):")
-    print("| side | rollout phase (s) | generated tok/s | sync (s) | sync share | step (s) "
-          "| learner/sampler gap |")
-    print("|---|---|---|---|---|---|---|")
+    print("| side | rollout phase (s) | generated tok/s | actor update (s) | update / rollouts "
+          "| sync (s) | sync share | step (s) | learner/sampler gap |")
+    print("|---|---|---|---|---|---|---|---|---|")
     summaries = {side: _summary(result) for side, result in results.items()}
     for side, m in summaries.items():
-        print(f"| {side} | {m['rollout_s']:.1f} | {m['tok_s']:.1f} | {m['sync_s']:.2f} | "
+        print(f"| {side} | {m['rollout_s']:.1f} | {m['tok_s']:.1f} | {m['actor_update_s']:.1f} | "
+              f"{m['actor_update_s'] / m['rollout_s']:.2f} | {m['sync_s']:.2f} | "
               f"{m['sync_share']:.1%} | {m['step_s']:.1f} | {m['gap']:.4f} |")
     if {"hf", "vllm"} <= summaries.keys():
         print(f"\nvLLM rollout phase {summaries['hf']['rollout_s'] / summaries['vllm']['rollout_s']:.2f}x "

@@ -90,7 +90,8 @@ class ActorConfig:
     format_penalty: float = bounded(-0.1, le=0, why="a penalty; 0 disables")
     """added to the episode reward per reply that breaks the answer format"""
     micro_batch_size: int = bounded(8, ge=1)
-    """turns per forward/backward pass (gradients are accumulated)"""
+    """rows (turns, or packed episodes) whose graph is held at once; gradients accumulate over
+    micro-batches, and a micro-batch's neighbouring rows forward their common tokens once"""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
 

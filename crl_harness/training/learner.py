@@ -16,7 +16,9 @@ rounded to the model's dtype. An update of 1e-6 (the released lr) is far below b
 accumulates until it shows. fp32 parameters (an fp32 model, LoRA adapters) are their own masters.
 float16 adds dynamic loss scaling, without which its gradients underflow.
 
-Shared prompt prefix: ``crl_harness.training.shared_prefix``.
+Shared tokens: the rows' common prompt prefix is forward-passed once an update
+(``crl_harness.training.shared_prefix``); within a micro-batch, rows in token order continue from
+the row before them where their tokens agree (``token_logprobs``).
 
 Old log-probs: ``recompute_old_logprobs`` takes the ratio's old log-probs from the learner
 instead of the sampler (on by default unless the model runs in fp32: in bf16 the sampler's
@@ -130,6 +132,16 @@ def load_trainable_state(model: Any, state: dict[str, torch.Tensor], *, lora: bo
         model.load_state_dict(state, strict=True)
 
 
+def _common_length(a: list[int], b: list[int]) -> int:
+    """How many first tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _adapters_in_fp32(peft_model: Any) -> Any:
     """The trainable adapters in fp32 (peft already upcasts those of a bf16/fp16 base; this
     makes it a guarantee): they are their own AdamW masters, and a small update is not
@@ -163,8 +175,9 @@ class PolicyLearner:
     an update is visible to the next rollout at once; ``trainable_state_dict`` gives what a
     remote copy or a checkpoint needs (fp32 masters; the adapters only, with LoRA).
     ``recompute_old_logprobs=None`` turns recomputation on unless the model runs in fp32.
-    ``share_prefix``: forward the rows' common first tokens once an update (``SharedPrefix``);
-    off gives the same numbers at the cost of the full rows (``benchmarks/actor_update_bench.py``).
+    ``share_prefix``: forward the rows' common first tokens once an update (``SharedPrefix``)
+    and a micro-batch's neighbouring rows' common first tokens once (``token_logprobs``); off
+    gives the same numbers at the cost of the full rows (``benchmarks/actor_update_bench.py``).
     """
 
     def __init__(self, model: Any, *, lr: float, max_grad_norm: float, temperature: float,
@@ -203,44 +216,54 @@ class PolicyLearner:
         with K the longest completion, and the mask of the trained tokens (a row's
         ``completion_mask``, else all its completion tokens). Where the mask is 0 the log-prob is
         0: losses and metrics must read it through the mask.
-        ``prefix``: the rows' first ``prefix.length`` tokens, already forward-passed."""
+        ``prefix``: the rows' first ``prefix.length`` tokens, already forward-passed.
+
+        One row at a time, no padding; with ``share_prefix`` a row continues from the keys and
+        values of the row before it for the tokens the two have in common (``update`` orders
+        the rows so that neighbours share the most: a group's episodes of one level often play
+        the same first replies), and the gradient flows back through that shared part.
+        """
+        from transformers import DynamicCache
+
         start = prefix.length if prefix is not None else 0
-        width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows) - start
         K = max(len(r.completion_ids) for r in rows)
-        pad = 0
-        # Padded on the host (element writes are cheap there), then copied to the model's device
-        # once; the trained columns are found on the host too, without a device sync.
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
         mask = torch.zeros((len(rows), K), dtype=torch.float32)
+        gathered, targets = [], []
+        before: list[int] = []  # the previous row's ids, whose keys and values are ``cache``
+        cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        hidden_before: torch.Tensor | None = None  # its hidden states from ``start`` on
         for i, r in enumerate(rows):
-            ids = (r.prompt_ids + r.completion_ids)[start:]
-            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention[i, width - len(ids):] = 1
-            flags = r.completion_mask if r.completion_mask is not None else 1.0
-            mask[i, K - len(r.completion_ids):] = torch.as_tensor(flags, dtype=torch.float32)
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0) + start
-        cache = None
-        if prefix is not None:  # the padding then sits between the prefix and each row's rest
-            attention = torch.cat([attention.new_ones((len(rows), start)), attention], dim=1)
-            cache = prefix.cache(len(rows))
-        rest = {"use_cache": False} if cache is None else {"past_key_values": cache,
-                                                           "use_cache": True}
-        # Logits only where a row trains, each row at its own positions: a micro-batch's rows
-        # train at different columns (packed episodes: replies between observations), and the
-        # (tokens, vocabulary) logits and their softmax were a tenth of an update computed for
-        # every column any row trains.
-        rows_at, columns = mask.nonzero(as_tuple=True)
-        rows_at, columns = rows_at.to(self.device), columns.to(self.device)
-        hidden = self._decoder(input_ids=input_ids, attention_mask=attention,
-                               position_ids=positions, **rest).last_hidden_state
-        before = width - K - 1 + columns  # left padding: the logit before each target
-        logits = _final_logits(self.base_model.config, self._head(hidden[rows_at, before]).float())
+            ids = r.prompt_ids + r.completion_ids
+            flags = r.completion_mask if r.completion_mask is not None \
+                else [1] * len(r.completion_ids)
+            mask[i, K - len(flags):] = torch.as_tensor(flags, dtype=torch.float32)
+            common = _common_length(before, ids) if self.share_prefix and before else 0
+            common = min(common, len(ids) - 1)  # the row computes at least its last token
+            if common <= start:
+                common = start
+                context = list(prefix.leaves) if prefix is not None else []
+                kept = None
+            else:
+                context = [(k[:, :, :common], v[:, :, :common]) for k, v in cache]
+                kept = hidden_before[:, :common - start]
+            past = DynamicCache(context or None, config=self.base_model.config)
+            out = self._decoder(input_ids=torch.tensor([ids[common:]], device=self.device),
+                                past_key_values=past, use_cache=True)
+            own = out.last_hidden_state
+            hidden = own if kept is None else torch.cat([kept, own], dim=1)
+            # the logit before each trained token, in this row's hidden states from ``start``
+            at = [len(r.prompt_ids) + j - 1 - start for j, flag in enumerate(flags) if flag]
+            gathered.append(hidden[0, at])
+            targets.extend(ids[a + 1 + start] for a in at)
+            before, hidden_before = ids, hidden
+            cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        logits = _final_logits(self.base_model.config, self._head(torch.cat(gathered)).float())
         logits = logits / self.temperature
-        targets = input_ids[rows_at, before + 1]
-        kept = logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
-        logprobs = kept.new_zeros((len(rows), K)).index_put((rows_at, columns), kept)
+        target = torch.tensor(targets, dtype=torch.long).to(self.device)
+        kept_logprobs = logits.gather(-1, target[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        rows_at, columns = mask.nonzero(as_tuple=True)  # row-major: each row's tokens in order
+        logprobs = kept_logprobs.new_zeros((len(rows), K)).index_put(
+            (rows_at.to(self.device), columns.to(self.device)), kept_logprobs)
         return logprobs, mask.to(self.device)
 
     # ------------------------------------------------------------------ update
@@ -255,7 +278,9 @@ class PolicyLearner:
             return UpdateStats(0.0, 0.0, 0.0, 0, 0)
         self.model.train()
         self._zero_grad()
-        order = sorted(rows, key=lambda r: len(r.prompt_ids) + len(r.completion_ids))
+        # In token order: neighbours share their longest common first tokens
+        # (``token_logprobs`` forward-passes those once within a micro-batch).
+        order = sorted(rows, key=lambda r: r.prompt_ids + r.completion_ids)
         total_loss, clipped, tokens, gap_sum, gap_max = 0.0, 0, 0, 0.0, 0.0
         try:
             shared = SharedPrefix.of(order, self.model) \

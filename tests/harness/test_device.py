@@ -100,7 +100,7 @@ HOST_SIDE = {
         "token counts for the per-token weights, read back as floats into TrainingRow",
     ("crl_harness/training/trainer.py", "Trainer._update_extractor"): "as actor_rows (training/batches.py)",
     ("crl_harness/training/learner.py", "PolicyLearner.token_logprobs"):
-        "padded on the host element by element, then one .to(self.device) each",
+        "the mask and the targets built on the host row by row, then one .to(self.device) each",
     ("crl_harness/models/hf_generation.py", "decode_batch"):
         "padded on the host element by element, then one .to(backend.device) each",
     ("crl_harness/models/hf_generation.py", "decode_batch.store_row"):

@@ -363,6 +363,45 @@ def test_shared_prefix_gives_the_whole_rows_update(tmp_path):
     assert max(float((after_shared[k] - before[k]).abs().max()) for k in before) > 1e-4
 
 
+def test_rows_that_share_first_tokens_forward_them_once(tmp_path):
+    """Episodes of one level that played the same first replies: within a micro-batch each row
+    continues from the row before it where their tokens agree (the update orders them so), which
+    forwards fewer tokens and gives the same log-probs, gradient and step as whole rows."""
+    directory = build_tiny_model(tmp_path / "tiny")
+    whole, shared = _lora_learner(directory, False), _lora_learner(directory, True)
+    whole.micro_batch_size = shared.micro_batch_size = 3
+    [traj] = [_play(HFBackend(directory, dtype="float32", device="cpu"), seed=4)]
+    [row] = _rows([traj], [0.7], packed=True)
+    n = len(row.completion_ids)
+    cut = n - 5  # a sibling that agrees on all but its last five tokens, trained there
+    sibling = replace(row, completion_ids=row.completion_ids[:cut] + [7, 8, 9, 10, 11],
+                      advantage=-0.4)
+    rows = [row, sibling, replace(row, advantage=0.2), _rows([_play(HFBackend(
+        directory, dtype="float32", device="cpu"), seed=5)], [-0.5], packed=True)[0]]
+
+    forwarded = {}
+    for name, learner in (("whole", whole), ("shared", shared)):
+        counts = []
+        hook = learner._decoder.embed_tokens.register_forward_hook(
+            lambda _m, args, _o, counts=counts: counts.append(args[0].numel()))
+        learner.model.train()
+        with torch.no_grad():
+            logprobs, mask = learner.token_logprobs(sorted(rows, key=lambda r: r.prompt_ids
+                                                           + r.completion_ids))
+        hook.remove()
+        forwarded[name] = (sum(counts), logprobs * mask)
+    assert forwarded["shared"][0] < forwarded["whole"][0] - len(row.prompt_ids)
+    assert torch.allclose(forwarded["shared"][1], forwarded["whole"][1], atol=1e-5)
+
+    stats_whole, stats_shared = whole.update(rows, grpo_loss), shared.update(rows, grpo_loss)
+    assert stats_shared.grad_norm > 1e-3
+    assert stats_shared.grad_norm == pytest.approx(stats_whole.grad_norm, rel=1e-5)
+    assert stats_shared.loss == pytest.approx(stats_whole.loss, abs=1e-6)
+    after_whole, after_shared = whole.trainable_state_dict(), shared.trainable_state_dict()
+    for key, value in after_whole.items():
+        assert torch.allclose(after_shared[key], value, atol=1e-6), key
+
+
 def test_shared_prefix_only_where_it_is_common_long_and_leaves_a_prompt_token(tmp_path):
     model = HFBackend(build_tiny_model(tmp_path / "tiny"), dtype="float32", device="cpu").model
     start = list(range(3, 23))  # 20 tokens
