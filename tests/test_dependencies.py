@@ -3,8 +3,8 @@ install) resolves them with Hydra 1.3 (``omegaconf<2.4``) and with Gymnasium 1.3
 
 The requirements are read from ``pyproject.toml``, the source of the wheel's ``Requires-Dist``.
 The tests skip, with the reason, where no package index answers. Each extra's resolution runs
-beside the others (one a core: pip's resolver is single-threaded and the suite is not), started
-when the first of them is needed.
+beside the others, one a core (pip's resolver uses one, and the suite runs one test at a time),
+all started when the first of them is needed.
 """
 
 from __future__ import annotations
