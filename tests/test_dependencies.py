@@ -2,7 +2,9 @@
 install) resolves them with Hydra 1.3 (``omegaconf<2.4``) and with Gymnasium 1.3 and later.
 
 The requirements are read from ``pyproject.toml``, the source of the wheel's ``Requires-Dist``.
-The tests skip, with the reason, where no package index answers.
+The tests skip, with the reason, where no package index answers. Each extra's resolution runs
+beside the others, one a core (pip's resolver uses one, and the suite runs one test at a time),
+all started when the first of them is needed.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -96,11 +99,24 @@ def test_trl_extra_installs_beside_the_train_extra(index):
     assert "crl-gym[trl]; python_version >= '3.11'" in _project()["optional-dependencies"]["all"]
 
 
+@pytest.fixture(scope="module")
+def extras_resolved(index, request):
+    """The resolution of each extra that this session's ``test_every_extra_keeps_what_minihack_needs``
+    cases ask for (extra -> a future of ``resolve``), all started at once, one a core."""
+    extras = [item.callspec.params["extra"] for item in request.session.items
+              if getattr(item, "originalname", None) == "test_every_extra_keeps_what_minihack_needs"]
+    with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
+        futures = {extra: pool.submit(resolve, requirements(extra)) for extra in extras}
+        yield futures
+        for future in futures.values():
+            future.cancel()  # (a run stopped early waits for the running ones only)
+
+
 @pytest.mark.parametrize("extra", [e for e in _project()["optional-dependencies"] if e != "all"])
-def test_every_extra_keeps_what_minihack_needs(index, extra):
+def test_every_extra_keeps_what_minihack_needs(extras_resolved: dict[str, Future], extra):
     """minihack 1.0.2 imports pkg_resources, which setuptools 82 removed: an extra installed after
     ``minihack`` (``train``'s torch, ``webshop``'s spaCy pull setuptools in) keeps it below 82."""
-    resolved = resolve(requirements(extra))
+    resolved = extras_resolved[extra].result()
     if "setuptools" in resolved:
         assert _release(resolved["setuptools"]) < (82,), f"[{extra}] brings {resolved['setuptools']}"
 

@@ -243,35 +243,15 @@ def test_crl_demo_on_the_tiny_model_prints_no_warning(tmp_path, tiny_with_warm_a
 
 
 @pytest.mark.slow
-def test_a_vllm_engine_starts_without_warnings_or_bars_once_quiet(tmp_path):
+def test_a_vllm_engine_starts_without_warnings_or_bars_once_quiet(vllm_start_on_an_adapter):
     """vLLM's CPU engine, started after ``quiet_third_party``, prints none of what a demo showed
     at every start: its loader's "Loading safetensors checkpoint shards" bar, torch's C++ "NUMA
-    binding" warning, vLLM's FutureWarnings about torch names, its Triton line at import."""
-    from crl_harness.models.vllm import vllm_available
-
-    if not vllm_available():
-        pytest.skip("vLLM is not installed")
-    script = textwrap.dedent(f"""
-        from pathlib import Path
-
-        from crl_harness.quiet import quiet_third_party
-
-        quiet_third_party()
-        from crl_harness.models.tiny import build_tiny_model
-        from crl_harness.models.vllm import VLLMBackend
-
-        path = build_tiny_model(Path({str(tmp_path)!r}) / "tiny")
-        engine = VLLMBackend(path, dtype="bfloat16", max_context=512, kv_cache_gib=1)
-        engine.generate([[{{"role": "user", "content": "go east"}}]], max_new_tokens=2,
-                        temperature=0.0)
-        engine.close()
-        print("generated")
-    """)
-    env = {key: value for key, value in _env().items() if key != "TORCH_CPP_LOG_LEVEL"}
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         cwd=ROOT, env=env)
-    assert run.returncode == 0, run.stderr
-    output = run.stdout + run.stderr
-    assert "generated" in run.stdout
+    binding" warning, vLLM's FutureWarnings about torch names, its Triton line at import; nor
+    does merging a warm start's adapter for it. (The child's start, on an adapter, is shared with
+    tests/harness/models/test_vllm_backend.py: tests/conftest.py.)"""
+    start = vllm_start_on_an_adapter
+    assert start.returncode == 0, start.stderr[-3000:]
+    assert start.vllm_tokens, "the engine generated nothing"
+    output = start.engine_output
     assert "Loading safetensors" not in output and "Triton is installed" not in output
     assert _third_party_noise(output) == [], output[-2000:]

@@ -92,49 +92,16 @@ def test_vllm_seeded_sampling_repeats_on_long_batches(models):
     assert torch.equal(torch.get_rng_state(), outside)  # the caller's generator is left alone
 
 
-def test_vllm_merges_an_adapter_and_starts_after_the_bank_was_imported(tmp_path):
+def test_vllm_merges_an_adapter_and_starts_after_the_bank_was_imported(vllm_start_on_an_adapter):
     """A LoRA adapter folder (a warm start) is merged into its base for vLLM, and the engine
     starts in a process that imported the experience bank (bm25s once pulled in Numba, whose
     llvmlite wrappers broke vLLM's start-up scan of modules). The merged copy is removed once the
-    engine has started, so a run killed later leaves none in the temporary folder."""
-    import os
-    import subprocess
-    import sys
-
-    from peft import LoraConfig, get_peft_model
-
-    from crl_harness.models import HFBackend
-    from crl_harness.models.tiny import build_tiny_model
-
-    base = build_tiny_model(tmp_path / "base")
-    model = HFBackend(base).model
-    adapter = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
-                                               init_lora_weights=False))
-    adapter.save_pretrained(tmp_path / "adapter")
-    config = tmp_path / "adapter" / "adapter_config.json"
-    config.write_text(config.read_text().replace(
-        '"base_model_name_or_path": null', f'"base_model_name_or_path": "{base}"'))
-    code = (
-        "import sys, json\n"
-        "import crl_harness.experience, crl_harness.rollout  # the bank and the engine first\n"
-        "from crl_harness.models import HFBackend\n"
-        "from crl_harness.models.vllm import VLLMBackend\n"
-        f"chats = {CHATS!r}\n"
-        "engine = VLLMBackend(sys.argv[1], dtype='float32', max_context=512, kv_cache_gib=1)\n"
-        "import tempfile, pathlib\n"
-        "assert not list(pathlib.Path(tempfile.gettempdir()).glob('crl-merged-*'))\n"
-        "hf = HFBackend(sys.argv[1])\n"
-        "print(json.dumps([[g.token_ids for g in b.generate(chats, max_new_tokens=4, "
-        "temperature=0.0)] for b in (engine, hf)]))\n")
-    (tmp_path / "tmp").mkdir()
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "adapter")],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
-    assert done.returncode == 0, done.stderr[-3000:]
-    import json
-
-    vllm_tokens, hf_tokens = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [t[:2] for t in vllm_tokens] == [t[:2] for t in hf_tokens]
+    engine has started (the child checks its temporary folder), so a run killed later leaves none
+    there. (The child's start is shared with tests/test_quiet_output.py: tests/conftest.py.)"""
+    start = vllm_start_on_an_adapter
+    assert start.returncode == 0, start.stderr[-3000:]
+    assert len(start.vllm_tokens) == len(start.hf_tokens) == 2
+    assert [t[:2] for t in start.vllm_tokens] == [t[:2] for t in start.hf_tokens]
 
 
 def test_heldout_levels_play_on_the_configs_engine_with_its_kv_budget(tmp_path, monkeypatch):
