@@ -39,7 +39,7 @@ import torch
 
 from crl_harness.config import LoRAConfig
 from crl_harness.training.losses import LossTerms
-from crl_harness.training.shared_prefix import SharedPrefix
+from crl_harness.training.shared_prefix import SharedPrefix, attends_fully
 
 __all__ = ["TrainingRow", "UpdateStats", "PolicyLearner", "SharedPrefix", "apply_lora",
            "load_trainable_state"]
@@ -232,12 +232,13 @@ class PolicyLearner:
         before: list[int] = []  # the previous row's ids, whose keys and values are ``cache``
         cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         hidden_before: torch.Tensor | None = None  # its hidden states from ``start`` on
+        share = self.share_prefix and attends_fully(self.base_model)
         for i, r in enumerate(rows):
             ids = r.prompt_ids + r.completion_ids
             flags = r.completion_mask if r.completion_mask is not None \
                 else [1] * len(r.completion_ids)
             mask[i, K - len(flags):] = torch.as_tensor(flags, dtype=torch.float32)
-            common = _common_length(before, ids) if self.share_prefix and before else 0
+            common = _common_length(before, ids) if share and before else 0
             common = min(common, len(ids) - 1)  # the row computes at least its last token
             if common <= start:
                 common = start

@@ -14,7 +14,15 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["SharedPrefix"]
+__all__ = ["SharedPrefix", "attends_fully"]
+
+
+def attends_fully(model: Any) -> bool:
+    """Whether every layer of ``model`` attends to all earlier tokens: only then do the keys
+    and values of a sequence's first tokens serve another sequence that starts with them (a
+    sliding window's cache drops what falls out of the window)."""
+    config = model.config.get_text_config(decoder=True)
+    return all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or [])
 
 
 class _Row(Protocol):
@@ -52,8 +60,7 @@ class SharedPrefix:
         token (the logit of its first completion token is read there); ``None`` when that is
         under ``MIN_TOKENS`` or the model has layers other than full attention (a sliding
         window's cache drops what falls out of the window)."""
-        config = model.config.get_text_config(decoder=True)
-        if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+        if not attends_fully(model):
             return None
         first = rows[0].prompt_ids
         length = min(len(r.prompt_ids) for r in rows) - 1

@@ -20,6 +20,7 @@ from crl_harness.models import HFBackend  # noqa: E402
 from crl_harness.models.base import Generation, encode_chat  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
 from crl_harness.rollout import EpisodeSpec, RolloutEngine, Trajectory, Turn  # noqa: E402
+from crl_harness.training import learner as learner_module  # noqa: E402
 from crl_harness.training import packing  # noqa: E402
 from crl_harness.training.batches import actor_rows  # noqa: E402
 from crl_harness.training.learner import (  # noqa: E402
@@ -363,7 +364,7 @@ def test_shared_prefix_gives_the_whole_rows_update(tmp_path):
     assert max(float((after_shared[k] - before[k]).abs().max()) for k in before) > 1e-4
 
 
-def test_rows_that_share_first_tokens_forward_them_once(tmp_path):
+def test_rows_that_share_first_tokens_forward_them_once(tmp_path, monkeypatch):
     """Episodes of one level that played the same first replies: within a micro-batch each row
     continues from the row before it where their tokens agree (the update orders them so), which
     forwards fewer tokens and gives the same log-probs, gradient and step as whole rows."""
@@ -379,19 +380,26 @@ def test_rows_that_share_first_tokens_forward_them_once(tmp_path):
     rows = [row, sibling, replace(row, advantage=0.2), _rows([_play(HFBackend(
         directory, dtype="float32", device="cpu"), seed=5)], [-0.5], packed=True)[0]]
 
-    forwarded = {}
-    for name, learner in (("whole", whole), ("shared", shared)):
+    def forwarded(learner: PolicyLearner) -> tuple[int, torch.Tensor]:
+        """Tokens through the embedding, and the trained log-probs, of the rows in token order."""
         counts = []
         hook = learner._decoder.embed_tokens.register_forward_hook(
-            lambda _m, args, _o, counts=counts: counts.append(args[0].numel()))
+            lambda _m, args, _o: counts.append(args[0].numel()))
         learner.model.train()
         with torch.no_grad():
             logprobs, mask = learner.token_logprobs(sorted(rows, key=lambda r: r.prompt_ids
                                                            + r.completion_ids))
         hook.remove()
-        forwarded[name] = (sum(counts), logprobs * mask)
-    assert forwarded["shared"][0] < forwarded["whole"][0] - len(row.prompt_ids)
-    assert torch.allclose(forwarded["shared"][1], forwarded["whole"][1], atol=1e-5)
+        return sum(counts), logprobs * mask
+
+    (whole_tokens, whole_logprobs), (shared_tokens, shared_logprobs) = \
+        forwarded(whole), forwarded(shared)
+    assert shared_tokens < whole_tokens - len(row.prompt_ids)
+    assert torch.allclose(shared_logprobs, whole_logprobs, atol=1e-5)
+    # a model with a sliding window keeps no earlier row's keys: each row forwards all its tokens
+    monkeypatch.setattr(learner_module, "attends_fully", lambda model: False)
+    assert forwarded(shared)[0] == whole_tokens
+    monkeypatch.undo()
 
     stats_whole, stats_shared = whole.update(rows, grpo_loss), shared.update(rows, grpo_loss)
     assert stats_shared.grad_norm > 1e-3
