@@ -247,9 +247,12 @@ class PolicyLearner:
             else:
                 context = [(k[:, :, :common], v[:, :, :common]) for k, v in cache]
                 kept = hidden_before[:, :common - start]
-            past = DynamicCache(context or None, config=self.base_model.config)
+            # a cache only where keys and values are continued or kept for the next row (both
+            # only where every layer attends fully, so its layers are plain full ones)
+            rest = {"past_key_values": DynamicCache(context or None), "use_cache": True} \
+                if context or share else {"use_cache": False}
             out = self._decoder(input_ids=torch.tensor([ids[common:]], device=self.device),
-                                past_key_values=past, use_cache=True)
+                                **rest)
             own = out.last_hidden_state
             hidden = own if kept is None else torch.cat([kept, own], dim=1)
             # the logit before each trained token, in this row's hidden states from ``start``
@@ -257,7 +260,8 @@ class PolicyLearner:
             gathered.append(hidden[0, at])
             targets.extend(ids[a + 1 + start] for a in at)
             before, hidden_before = ids, hidden
-            cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+            if share:
+                cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         logits = _final_logits(self.base_model.config, self._head(torch.cat(gathered)).float())
         logits = logits / self.temperature
         target = torch.tensor(targets, dtype=torch.long).to(self.device)
