@@ -30,6 +30,7 @@ to the learner's is reported.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,16 +133,6 @@ def load_trainable_state(model: Any, state: dict[str, torch.Tensor], *, lora: bo
         model.load_state_dict(state, strict=True)
 
 
-def _common_length(a: list[int], b: list[int]) -> int:
-    """How many first tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _adapters_in_fp32(peft_model: Any) -> Any:
     """The trainable adapters in fp32 (peft already upcasts those of a bf16/fp16 base; this
     makes it a guarantee): they are their own AdamW masters, and a small update is not
@@ -238,7 +229,7 @@ class PolicyLearner:
             flags = r.completion_mask if r.completion_mask is not None \
                 else [1] * len(r.completion_ids)
             mask[i, K - len(flags):] = torch.as_tensor(flags, dtype=torch.float32)
-            common = _common_length(before, ids) if share and before else 0
+            common = len(os.path.commonprefix([before, ids])) if share and before else 0
             common = min(common, len(ids) - 1)  # the row computes at least its last token
             if common <= start:
                 common = start
