@@ -6,7 +6,8 @@ first attempt's episodes were distilled into, against the same attempt without i
         --extractor hf:RUN/checkpoints/step-000008/extractor_hf
 
 On ``--levels`` unseen levels (``crl_harness.training.unseen.unseen_levels``: no training
-pool, warm-start or held-out level), attempt 1: the actor (frozen) plays each level
+pool, warm-start or held-out level; at most ``ROUNDS`` of a retrieval key, each in a round with
+a bank of its own), attempt 1: the actor (frozen) plays each level
 ``--attempts`` times at its training temperature and the extractor distils them into a fresh bank
 as training does (a level's shortest win; a level never won gets no lesson); attempt 2: one
 greedy episode a level with that bank and one without, paired level by level (95% interval,
@@ -47,7 +48,7 @@ def main() -> None:
     from crl_harness.config import ConfigError, load_config
     from crl_harness.eval import format_paired, format_rate
     from crl_harness.eval.heldout import paired
-    from crl_harness.training.unseen import test_time_experience, unseen_levels
+    from crl_harness.training.unseen import ROUNDS, test_time_experience, unseen_levels
 
     try:
         cfg = load_config(args.config, [*bf16_fallback(), *args.set])
@@ -57,7 +58,8 @@ def main() -> None:
     extractor = args.extractor or cfg.starting_model("extractor")
     started = time.perf_counter()
     outcomes = test_time_experience(cfg, actor=actor, extractor=extractor,
-                                    seeds=unseen_levels(args.levels), out=args.out,
+                                    seeds=unseen_levels(args.levels, cfg=cfg, per_key=ROUNDS),
+                                    out=args.out,
                                     attempts=args.attempts, dtype=cfg.actor.dtype)
     seconds = time.perf_counter() - started
     d = paired(outcomes["free"], outcomes["guided"])

@@ -179,7 +179,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
                    for name in before if with_bank and name.startswith("held-out")}
     test_time = None
     if test_time_levels and cfg.uses_experience:
-        from crl_harness.training.unseen import test_time_experience, unseen_levels
+        from crl_harness.training.unseen import ROUNDS, test_time_experience, unseen_levels
 
         extractor = checkpoint / "extractor_hf"
         extractor_spec = f"hf:{extractor}" if extractor.exists() else \
@@ -187,7 +187,8 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
         print(f"\nTest-time experience on {test_time_levels} unseen levels: 4 sampled attempts "
               "a level distilled into a fresh bank, then greedy with it against without it ...")
         attempts = test_time_experience(cfg, actor=f"hf:{actor}", extractor=extractor_spec,
-                                        seeds=unseen_levels(test_time_levels),
+                                        seeds=unseen_levels(test_time_levels, cfg=cfg,
+                                                            per_key=ROUNDS),
                                         out=out / "test-time", dtype=dtype)
         test_time = paired(attempts["free"], attempts["guided"])
     levels_json = {
@@ -277,9 +278,11 @@ def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any],
     curve = ", ".join(f"{m.get('success/all', float('nan')):.2f}" for m in metrics)
     console.print(
         f"bank: {int(last.get('bank/size', 0))} entries; actor updates: "
-        f"{sum(1 for m in metrics if m.get('grad_norm/actor', 0) > 0)}; extractor updates: "
-        f"{int(last.get('extractor/updates', 0))} (non-zero advantages: "
-        f"{int(last.get('extractor/nonzero_advantages', 0))}); training success per step: "
+        f"{sum(1 for m in metrics if m.get('grad_norm/actor', 0) > 0)}; extractor: "
+        f"{int(last.get('extractor/generations_rewarded', 0))} generations credited, "
+        f"{int(last.get('extractor/nonzero_advantages', 0))} of them with a non-zero advantage "
+        f"(equal credits cancel), {int(last.get('extractor/updates', 0))} updates; training "
+        "success per step: "
         f"{curve}")
     if len(envs) > 1:  # a step draws its groups' envs by weight: an env it missed is "-"
         from crl_harness.training.metrics import short_env_name
