@@ -281,7 +281,7 @@ def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any],
         f"{sum(1 for m in metrics if m.get('grad_norm/actor', 0) > 0)}; extractor: "
         f"{int(last.get('extractor/generations_rewarded', 0))} generations credited, "
         f"{int(last.get('extractor/nonzero_advantages', 0))} of them with a non-zero advantage "
-        f"(equal credits cancel), {int(last.get('extractor/updates', 0))} updates; training "
+        f"(equal credits cancel), updates: {int(last.get('extractor/updates', 0))}; training "
         "success per step: "
         f"{curve}")
     if len(envs) > 1:  # a step draws its groups' envs by weight: an env it missed is "-"
