@@ -1,5 +1,9 @@
 """The actor's update with the rows' shared prompt prefix forward-passed once, against whole rows.
 
+``--compare attention``: instead, both sides share the prefix, and one computes a query that
+continues a cache with ``continuation_attention`` (``crl_harness.models.attention``), the other
+with transformers' SDPA throughout.
+
 Plays ``--steps`` training steps' rollouts of ``--config`` (default ``cpu-demo``: the shipped
 warm actor, arm none, so every episode is free) with the config's rollout engine, builds the
 actor's GRPO rows as the trainer does (``actor_rows``: packed episodes, zero-advantage rows
@@ -12,6 +16,7 @@ speed-up, and the largest loss and gradient-norm difference between the sides.
 
     .venv/bin/python benchmarks/actor_update_bench.py
     .venv/bin/python benchmarks/actor_update_bench.py --steps 1 --repeats 2 --set actor.rollout_engine=vllm
+    .venv/bin/python benchmarks/actor_update_bench.py --compare attention --set actor.rollout_engine=vllm
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ def main() -> None:
     parser.add_argument("--config", default="cpu-demo")
     parser.add_argument("--steps", type=int, default=2, help="steps of rollouts, each timed")
     parser.add_argument("--repeats", type=int, default=3, help="updates per side and step")
+    parser.add_argument("--compare", choices=("sharing", "attention"), default="sharing",
+                        help="sharing: shared prefix vs whole rows (default); attention: "
+                             "continuation_attention vs SDPA, both sharing")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override (repeatable)")
     args = parser.parse_args()
@@ -43,6 +51,7 @@ def main() -> None:
 
     from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import ConfigError, load_config
+    from crl_harness.models import attention
     from crl_harness.training.batches import actor_rows
     from crl_harness.training.learner import SharedPrefix
     from crl_harness.training.losses import grpo_loss
@@ -59,6 +68,7 @@ def main() -> None:
         learner = trainer.actor
         loss = functools.partial(grpo_loss, clip_eps=cfg.actor.clip_eps)
         state = learner.trainable_state_dict()
+        ratio = attention.CONTINUATION_RATIO
         optimizer = copy.deepcopy(learner.optimizer_state())
         print(f"{args.config}, {cfg.actor.dtype}, {torch.get_num_threads()} threads, micro-batch "
               f"{learner.micro_batch_size}")
@@ -78,7 +88,10 @@ def main() -> None:
                     for shared in (True, False):
                         learner.load_trainable_state_dict(state)
                         learner.load_optimizer_state(copy.deepcopy(optimizer))
-                        learner.share_prefix = shared
+                        if args.compare == "sharing":
+                            learner.share_prefix = shared
+                        else:  # "shared": the continuation path on
+                            attention.CONTINUATION_RATIO = ratio if shared else float("inf")
                         start = time.perf_counter()
                         update = learner.update(rows, loss)
                         if repeat or step > 1:
@@ -88,9 +101,11 @@ def main() -> None:
                 loss_gap = max(abs(a.loss - b.loss) for a in stats[True] for b in stats[False])
                 norm_gap = max(abs(a.grad_norm - b.grad_norm)
                                for a in stats[True] for b in stats[False])
+                names = ("whole rows", "shared prefix") if args.compare == "sharing" else \
+                    ("SDPA", "continuation attention")
                 print(f"step {step}: {len(rows)} rows, {tokens} tokens, shared prefix "
-                      f"{len(prefix) if prefix else 0} tokens; whole rows {off:.1f} s, shared "
-                      f"prefix {on:.1f} s (medians of {args.repeats}): {off / on:.2f}x; "
+                      f"{len(prefix) if prefix else 0} tokens; {names[0]} {off:.1f} s, "
+                      f"{names[1]} {on:.1f} s (medians of {args.repeats}): {off / on:.2f}x; "
                       f"|loss diff| <= {loss_gap:.2e}, |grad-norm diff| <= {norm_gap:.2e}",
                       flush=True)
         finally:

@@ -11,7 +11,11 @@ which glibc serves with fresh mmaps: page faults on every step. The one-token qu
 step needs no copy: its ``heads`` query vectors, viewed as ``[batch, kv_heads, groups, head_dim]``,
 are ``groups`` queries per KV head, and SDPA attends them to the unexpanded cache with the same
 padding mask (a decode query sees every unmasked key, so no causal structure is lost).
-Prefill and the learner's forward passes (queries longer than one token) keep transformers' SDPA.
+A query that continues a cache at least ``CONTINUATION_RATIO`` times its length (the learner's
+row that continues the row before it, a turn's prefill after the cached conversation) needs the
+mask too, and the CPU flash kernel with a mask runs at about half its causal speed; its few
+queries against many keys are two matrix products and a softmax on the same unexpanded cache
+(``benchmarks/actor_update_bench.py --compare attention``). Other queries keep transformers' SDPA.
 """
 
 from __future__ import annotations
@@ -23,10 +27,15 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-__all__ = ["GROUPED_DECODE", "grouped_decode_attention"]
+__all__ = ["GROUPED_DECODE", "CONTINUATION_RATIO", "grouped_decode_attention",
+           "continuation_attention"]
 
 GROUPED_DECODE = "crl_grouped_decode"
 """the ``attn_implementation`` name under which transformers finds ``grouped_decode_attention``"""
+
+CONTINUATION_RATIO = 2
+"""a query of q tokens against at least this many times q keys takes ``continuation_attention``
+(``benchmarks/actor_update_bench.py --compare attention``; at 1 the CPU flash kernel is faster)"""
 
 
 def grouped_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -50,7 +59,13 @@ def grouped_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: 
     """
     batch, heads, q_length, head_dim = query.shape
     kv_heads = key.shape[1]
-    if q_length != 1 or kv_heads == heads or (module.training and dropout > 0):
+    if module.training and dropout > 0:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    if q_length > 1 and attention_mask is not None and \
+            key.shape[2] >= CONTINUATION_RATIO * q_length:
+        return continuation_attention(query, key, value, attention_mask, scaling), None
+    if q_length != 1 or kv_heads == heads:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     # reshape, not view: CUDA's SDPA may return a layout whose heads do not merge by a view
@@ -58,6 +73,41 @@ def grouped_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: 
     out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value,
                                                            attn_mask=attention_mask, scale=scaling)
     return out.reshape(batch, 1, heads, head_dim), None
+
+
+def continuation_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor, scaling: float | None = None,
+                           ) -> torch.Tensor:
+    """Attention as two matrix products and a softmax (in fp32) on the unexpanded keys and
+    values: ``query [B, heads, q, D]``, ``key``/``value`` ``[B, kv_heads, T, D]``, a boolean
+    ``attention_mask [B, 1, q, T]`` (True: attend; a float one is added); returns
+    ``[B, q, heads, D]``. A query row with no key to attend (padding) gets the mean of the
+    values, never a NaN.
+
+    Example (equal to SDPA with the keys repeated per group):
+        >>> import torch
+        >>> q, k, v = torch.randn(1, 6, 3, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+        >>> mask = torch.ones(3, 7, dtype=torch.bool).tril(diagonal=4)[None, None]
+        >>> ref = torch.nn.functional.scaled_dot_product_attention(
+        ...     q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), attn_mask=mask)
+        >>> torch.allclose(continuation_attention(q, k, v, mask), ref.transpose(1, 2), atol=1e-6)
+        True
+    """
+    batch, heads, q_length, head_dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    scale = head_dim ** -0.5 if scaling is None else scaling
+    # query heads kv*groups .. kv*groups+groups-1 share KV head kv (transformers' repeat_kv)
+    scores = query.reshape(batch, kv_heads, groups * q_length, head_dim) @ key.transpose(-1, -2)
+    scores = scores.view(batch, kv_heads, groups, q_length, length).float() * scale
+    mask = attention_mask[:, :, None]  # [B, 1, 1, q, T]: the same for every head
+    if mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
+    else:
+        scores = scores + mask.float()
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = probs.view(batch, kv_heads, groups * q_length, length) @ value
+    return out.view(batch, heads, q_length, head_dim).transpose(1, 2)
 
 
 # Registered once, at import: the attention for one-token queries, and SDPA's boolean masks
