@@ -72,6 +72,7 @@ def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, scri
     (["--repeats", "21"], "--steps and --repeats must be in 1..20"),
     (["--set", "actor.no_such_key=1"], "no_such_key"),
     (["--config", "no-such-config"], "no-such-config"),
+    (["--compare", "speed"], "invalid choice: 'speed'"),
 ])
 def test_hardening_actor_update_bench_flags_are_usage_errors(flags, message):
     done = subprocess.run([sys.executable, str(EFFICACY.parent / "actor_update_bench.py"), *flags],
