@@ -90,7 +90,7 @@ def main() -> None:
                         learner.load_optimizer_state(copy.deepcopy(optimizer))
                         if args.compare == "sharing":
                             learner.share_prefix = shared
-                        else:  # "shared": the continuation path on
+                        else:  # the "shared" side is here the one with the continuation path
                             attention.CONTINUATION_RATIO = ratio if shared else float("inf")
                         start = time.perf_counter()
                         update = learner.update(rows, loss)

@@ -11,7 +11,7 @@ which glibc serves with fresh mmaps: page faults on every step. The one-token qu
 step needs no copy: its ``heads`` query vectors, viewed as ``[batch, kv_heads, groups, head_dim]``,
 are ``groups`` queries per KV head, and SDPA attends them to the unexpanded cache with the same
 padding mask (a decode query sees every unmasked key, so no causal structure is lost).
-A query that continues a cache at least ``CONTINUATION_RATIO`` times its length (the learner's
+On a CPU, a query that continues a cache at least ``CONTINUATION_RATIO`` times its length (the learner's
 row that continues the row before it, a turn's prefill after the cached conversation) needs the
 mask too, and the CPU flash kernel with a mask runs at about half its causal speed; its few
 queries against many keys are two matrix products and a softmax on the same unexpanded cache
@@ -62,7 +62,7 @@ def grouped_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: 
     if module.training and dropout > 0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    if q_length > 1 and attention_mask is not None and \
+    if q_length > 1 and attention_mask is not None and query.device.type == "cpu" and \
             key.shape[2] >= CONTINUATION_RATIO * q_length:
         return continuation_attention(query, key, value, attention_mask, scaling), None
     if q_length != 1 or kv_heads == heads:

@@ -29,8 +29,9 @@ UNSEEN_OFFSET = 20_000_000
 on) and the held-out levels (50,000,000 on)."""
 
 ROUNDS = 3
-"""``unseen_levels``' default ``per_key`` for M-c: 64 dark-room levels keep 48 dark starts (75%,
-against 78% unfiltered) in three rounds (six unfiltered, each a run of its own)"""
+"""the ``per_key`` that M-c's callers (``crl demo``, ``test_time_check.py``) pass to
+``unseen_levels``: 64 dark-room levels keep 48 dark starts (75%, against 78% unfiltered) in three
+rounds (six unfiltered, each a run of its own)"""
 
 MAX_SCANNED = 64
 """``unseen_levels`` looks at no more than this many levels per level it returns"""

@@ -73,6 +73,14 @@ def test_hardening_unseen_levels_per_key_needs_a_config_and_a_positive_count():
         unseen.unseen_levels(4, cfg=load_config(None, DARK_ROOM), per_key=0)
 
 
+def test_hardening_unseen_levels_stop_scanning_where_keys_run_out(monkeypatch):
+    # an env whose every level has one key: per_key 1 finds one level, never a second
+    monkeypatch.setattr(unseen, "retrieval_keys",
+                        lambda cfg, seeds: dict.fromkeys(seeds, "the one key"))
+    with pytest.raises(ValueError, match="only 1 levels with at most 1 a retrieval key"):
+        unseen.unseen_levels(2, cfg=object(), per_key=1)
+
+
 def test_hardening_test_time_needs_two_attempts(tmp_path):
     with pytest.raises(ValueError, match="attempts >= 2"):
         unseen.test_time_experience(load_config(None), actor="hf:x", extractor="hf:x", seeds=[1],
