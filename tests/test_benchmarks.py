@@ -475,3 +475,37 @@ def test_hardening_bank_replay_escapes_bank_text_and_bounds_its_lines(tmp_path, 
     assert "\\x1b]0;owned\\x07south\\x1b[2J\\x00, xxx" in done.stdout
     assert "more characters)" in done.stdout
     assert max(len(line) for line in done.stdout.splitlines()) < 600
+
+
+def _pairs_run(folder, revisit):
+    folder.mkdir()
+    step = {"pairs_revisit/guided_free": 2, "pairs_revisit/free_wins": 0,
+            "pairs_revisit/guided_wins": revisit, "pairs_revisit/free_only": 0,
+            "pairs_revisit/guided_only": revisit}
+    (folder / "metrics.jsonl").write_text(json.dumps(step) + "\n")
+    return folder
+
+
+def test_guided_pairs_pools_the_runs_pairs(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("guided_pairs",
+                                                  EFFICACY.parent / "guided_pairs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main([str(_pairs_run(tmp_path / "a", 2)), str(_pairs_run(tmp_path / "b", 1))])
+    out = capsys.readouterr().out
+    assert "pooled | revisits: 4 pairs, guided 75.0%" in out
+    assert "guided - free +75.0 points" in out
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    (lambda d: None, "no metrics.jsonl"),
+    (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text("{not json\n")), "not JSON lines"),
+])
+def test_hardening_guided_pairs_wants_run_folders_with_metrics(tmp_path, setup, message):
+    setup(tmp_path / "run")
+    done = subprocess.run([sys.executable, str(EFFICACY.parent / "guided_pairs.py"),
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
