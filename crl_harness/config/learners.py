@@ -120,7 +120,8 @@ class ExtractorConfig:
     eps_high: float = bounded(0.1, ge=0)
     """CISPO weight clip above 1"""
     train_after: int = bounded(64, ge=1)
-    """generations with rewards buffered before an update"""
+    """generations with rewards buffered before an update (on a run's last step, any that wait
+    train: a final partial batch, so a run trains on every generation it credited)"""
     repeat_by_uses: bool = False
     """false (paper, released code): one sample per generation, A = reward - batch mean; true:
     weight a generation by how many rollouts used what it wrote (in the loss and the baseline),

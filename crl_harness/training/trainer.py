@@ -14,8 +14,8 @@ train on (``batches``), the learners (``learner``), what a step logs (``step_met
 5. read the extractor's generation rewards (each the mean credit of every episode that used
    what the generation wrote, so far; with ``experience.credit: relative`` an episode's credit
    is its score minus its group's free subgroup's mean, reported once step 2 ends); once
-   ``train_after`` are waiting, update the extractor with CISPO (arm ``co-evolve`` only) and
-   release them;
+   ``train_after`` are waiting (on the run's last step: any), update the extractor with CISPO
+   (arm ``co-evolve`` only) and release them;
 6. every ``merge_every`` steps, queue a merge pass over the bank;
 7. push the new weights to whatever generates with a copy of them (the placement's work; a
    no-op in one process with ``rollout_engine: hf``: the learners train the backends' own
@@ -267,7 +267,7 @@ class Trainer:
         t0 = time.perf_counter()
         extractor_stats = None
         if self.experience is not None and retrieving:
-            extractor_stats = self._extractor_step()
+            extractor_stats = self._extractor_step(last=step == cfg.run.steps)
         times["extractor_update"] = time.perf_counter() - t0
 
         # 6. Merge pass over every partition of the bank.
@@ -320,14 +320,15 @@ class Trainer:
             for j in range(t.group_size)
         ]
 
-    def _extractor_step(self) -> UpdateStats | None:
-        """Train the extractor once ``train_after`` used generations wait, then release them."""
+    def _extractor_step(self, last: bool = False) -> UpdateStats | None:
+        """Train the extractor once ``train_after`` used generations wait, then release them;
+        on the run's ``last`` step on whatever waits, so no credit the run earned is dropped."""
         assert self.experience is not None
         waiting = self.experience.generation_rewards()
         if self.extractor is None:  # static arm: nothing trains on them, so none is kept
             self._release(waiting)
             return None
-        if len(waiting) < self.cfg.extractor.train_after:
+        if len(waiting) < (1 if last else self.cfg.extractor.train_after):
             self.awaiting_training = len(waiting)
             return None
         stats = self._update_extractor(waiting)

@@ -305,6 +305,25 @@ def test_generation_used_in_two_steps_is_trained_on_the_mean_of_both_uses(models
         trainer.close()
 
 
+def test_the_last_step_trains_the_extractor_on_every_generation_still_waiting(models, tmp_path):
+    """A run's final credit is not dropped: below ``train_after`` a generation waits on any step
+    but the last, where the partial batch trains (issue: >= 30 credited samples a run)."""
+    cfg = load_config(None, _overrides(models, tmp_path) + ["extractor.train_after=8"])
+    trainer = Trainer(cfg)
+    try:
+        ledger = trainer.experience.manager.ledger
+        for name, generation, score in zip(("won", "lost"), _generations(trainer, 2), (1.0, 0.0),
+                                           strict=True):
+            ledger.register(name, "p", generation, "distill")
+            ledger.credit([name], score=score)
+        assert trainer._extractor_step() is None and len(ledger) == 2  # 2 < 8: they wait
+        stats = trainer._extractor_step(last=True)
+        assert stats is not None and stats.rows == 2
+        assert len(ledger) == 0 and trainer.counters["extractor/generations_rewarded"] == 2
+    finally:
+        trainer.close()
+
+
 def test_malformed_extractor_answers_are_not_trained_by_default(models, tmp_path):
     from crl_harness.experience import DistillationRequest
 
