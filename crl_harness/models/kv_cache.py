@@ -146,7 +146,14 @@ class PrefixStore:
 
 class _SlabLayer(DynamicLayer):
     """One layer's view of the slab: ``keys``/``values`` are ``[batch, heads, capacity, dim]``
-    buffers of which the first ``length`` columns are in use."""
+    buffers of which the first ``length`` columns are in use.
+
+    A pass that continues the cache (a decode step, a prefill after reused columns) shows
+    attention the whole buffer, as transformers' static cache does (the mask covers ``capacity``
+    columns; those not yet written are masked, and must hold finite numbers): a contiguous
+    tensor, where the first ``length`` columns alone would be a strided view that a CPU matrix
+    product copies whole before every decode step. A pass into an empty cache sees its own
+    columns only, so that unpadded rows keep the causal kernel that needs no mask."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
         super().__init__()
@@ -159,8 +166,14 @@ class _SlabLayer(DynamicLayer):
         end = self.length + key_states.shape[-2]
         self.keys[:, :, self.length:end] = key_states
         self.values[:, :, self.length:end] = value_states
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        start, self.length = self.length, end
+        if start == 0:
+            return self.keys[:, :, :end], self.values[:, :, :end]
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # as ``update`` will return them (transformers asks before the pass writes its columns)
+        return (query_length if self.length == 0 else self.keys.shape[-2]), 0
 
     def get_seq_length(self) -> int:
         return self.length
@@ -173,7 +186,8 @@ class SlabCache(Cache):
     """A batch's KV cache in one preallocated tensor ``[layers, 2, batch, heads, capacity, dim]``.
 
     ``length`` columns are already filled (the reused prefixes, right-aligned, with unused columns
-    masked out by the attention mask); each forward pass appends its tokens in place.
+    masked out by the attention mask); each forward pass appends its tokens in place. Columns not
+    yet written must hold finite numbers (attention reads the whole buffer, masked).
     """
 
     def __init__(self, slab: torch.Tensor, length: int) -> None:

@@ -49,14 +49,20 @@ def test_a_query_that_attends_nothing_gets_no_nan():
 
 def test_grouped_decode_attention_takes_the_continuation_path_only_against_a_long_cache(
         monkeypatch):
+    """A decode step and a short query against a long cache take it; a query at least half as
+    long as its keys keeps SDPA's causal kernel."""
     taken = []
     real = attention.continuation_attention
     monkeypatch.setattr(attention, "continuation_attention",
                         lambda *a, **k: taken.append(1) or real(*a, **k))
     module = SimpleNamespace(training=False, num_key_value_groups=3, is_causal=True)
-    for q_length, length, expected in ((3, 9, 1), (5, 9, 0), (9, 9, 0)):
+    for q_length, length, expected in ((1, 9, 1), (3, 9, 1), (5, 9, 0), (9, 9, 0)):
         query, key, value, mask = _case(q_length, length)
         taken.clear()
         out, _ = attention.grouped_decode_attention(module, query, key, value, mask)
         assert len(taken) == expected
         assert torch.allclose(out, _sdpa(query, key, value, mask), atol=1e-5)
+    query, key, value, _ = _case(1, 9)  # a decode step of unpadded rows: no mask at all
+    taken.clear()
+    out, _ = attention.grouped_decode_attention(module, query, key, value, None)
+    assert taken and torch.allclose(out, _sdpa(query, key, value, None), atol=1e-5)

@@ -355,3 +355,29 @@ def test_hardening_seeded_sampling_does_not_depend_on_the_cache_or_the_other_row
     # row 0's draws are its own: other rows beside it change nothing
     alone = fresh.generate_from_ids([batch[0], batch[2]], **sample)[0].token_ids
     assert alone == with_reuse[0]
+
+
+def test_hardening_the_unwritten_columns_of_the_cache_never_reach_an_answer(tiny_dir, monkeypatch):
+    """A decode step attends over the cache's whole buffer, its unwritten columns masked: they
+    are zeroed first, so whatever the allocator left there (NaN here) changes no log-prob."""
+    backend = HFBackend(tiny_dir, dtype="float32")
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty",
+                        lambda *args, **kwargs: empty(*args, **kwargs).fill_(float("nan")))
+    generations = play_turns(backend, episodes=4, turns=2)
+    monkeypatch.setattr(torch, "empty", empty)
+    for g in generations:
+        assert g.logprobs == pytest.approx(teacher_forced(backend, g), abs=1e-4)
+
+
+def test_a_decode_step_sees_the_whole_buffer_and_a_fresh_prefill_its_own_columns():
+    from crl_harness.models.kv_cache import SlabCache
+
+    slab = torch.zeros(1, 2, 2, 3, 10, 4)  # layers, K/V, rows, heads, capacity, head dim
+    fresh = SlabCache(slab.clone(), 0)
+    assert fresh.layers[0].get_mask_sizes(4) == (4, 0)
+    keys, _ = fresh.layers[0].update(torch.ones(2, 3, 4, 4), torch.ones(2, 3, 4, 4))
+    assert keys.shape[-2] == 4  # unpadded rows keep the causal kernel
+    assert fresh.layers[0].get_mask_sizes(1) == (10, 0)
+    keys, _ = fresh.layers[0].update(torch.ones(2, 3, 1, 4), torch.ones(2, 3, 1, 4))
+    assert keys.shape[-2] == 10 and keys.is_contiguous() and fresh.get_seq_length() == 5
