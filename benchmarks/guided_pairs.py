@@ -12,24 +12,29 @@ Wilson interval, the paired difference with its 95% interval and McNemar's exact
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 MAX_RUNS = 64
 MAX_METRICS_BYTES = 64 * 1024 * 1024
 
 
-def read_metrics(run: Path) -> list[dict]:
-    """The steps of ``run``'s ``metrics.jsonl``; a missing, huge or malformed file: ValueError."""
+def run_metrics(run: Path) -> list[dict]:
+    """The steps of ``run``'s ``metrics.jsonl`` (``read_metrics``: a torn last line skipped); a
+    missing or huge file, or one whose lines are not steps: ValueError."""
+    from crl_harness.training.metrics import read_metrics
+
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"{run}: no metrics.jsonl (give a run folder of crl train or crl demo)")
     if path.stat().st_size > MAX_METRICS_BYTES:
         raise ValueError(f"{path}: over {MAX_METRICS_BYTES // 2**20} MiB, not a run's metrics")
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not JSON lines ({err})") from None
+        steps = read_metrics(path)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not text ({err})") from None
+    if not steps or not all(isinstance(step, dict) for step in steps):
+        raise ValueError(f"{path}: not JSON lines of steps (a JSON object a line)")
+    return steps
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args.runs) > MAX_RUNS:
         parser.error(f"at most {MAX_RUNS} runs")
     try:
-        metrics = {run: read_metrics(run) for run in args.runs}
+        metrics = {run: run_metrics(run) for run in args.runs}
     except ValueError as err:
         parser.error(str(err))
 
