@@ -12,6 +12,7 @@ Wilson interval, the paired difference with its 95% interval and McNemar's exact
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 MAX_RUNS = 64
@@ -19,8 +20,9 @@ MAX_METRICS_BYTES = 64 * 1024 * 1024
 
 
 def run_metrics(run: Path) -> list[dict]:
-    """The steps of ``run``'s ``metrics.jsonl`` (``read_metrics``: a torn last line skipped); a
-    missing or huge file, or one whose lines are not steps: ValueError."""
+    """The steps of ``run``'s ``metrics.jsonl`` (``read_metrics`` skips a line that is not JSON,
+    as a killed run's torn last one); a missing or huge file, or one whose lines are not steps
+    (a JSON object whose pair counts are finite numbers): ValueError."""
     from crl_harness.training.metrics import read_metrics
 
     path = run / "metrics.jsonl"
@@ -32,9 +34,19 @@ def run_metrics(run: Path) -> list[dict]:
         steps = read_metrics(path)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not text ({err})") from None
-    if not steps or not all(isinstance(step, dict) for step in steps):
-        raise ValueError(f"{path}: not JSON lines of steps (a JSON object a line)")
+    if not steps or not all(_is_step(step) for step in steps):
+        raise ValueError(f"{path}: not JSON lines of steps (a JSON object a line, its pairs_* "
+                         "counts finite numbers)")
     return steps
+
+
+def _is_step(step: object) -> bool:
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value)
+
+    return isinstance(step, dict) and all(
+        number(value) for key, value in step.items() if key.startswith("pairs"))
 
 
 def main(argv: list[str] | None = None) -> None:

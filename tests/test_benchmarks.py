@@ -503,6 +503,10 @@ def test_guided_pairs_pools_the_runs_pairs(tmp_path, capsys):
     (lambda d: None, "no metrics.jsonl"),
     (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text("{not json\n")), "not JSON lines"),
     (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text("3\n")), "not JSON lines"),
+    (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"step": 1, "pairs/guided_free": "x"}\n')),
+     "not JSON lines"),
+    (lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"pairs/guided_free": Infinity}\n')),
+     "not JSON lines"),
 ])
 def test_hardening_guided_pairs_wants_run_folders_with_metrics(tmp_path, setup, message):
     setup(tmp_path / "run")
