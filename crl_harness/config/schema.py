@@ -217,7 +217,8 @@ class WarmStartConfig:
     extractor_samples: int = bounded(16, ge=0)
     """extractor samples (the Experience Manager's prompt for a warm-start episode and an
     operations answer built from it), as many answering add, return, upvote and downvote
-    (4 divides it best); 0: the extractor is not warm-started"""
+    (4 divides it best; with ``extractor_lesson`` ``key`` half of them add: a key's lesson is
+    learnt by heart); 0: the extractor is not warm-started"""
     epochs: int = bounded(2, ge=1)
     extractor_epochs: Optional[int] = bounded(None, ge=1)  # noqa: UP045 (OmegaConf reads typing.Optional)
     """the extractor's epochs; null: ``epochs`` (its samples are many and alike: one pass

@@ -14,6 +14,7 @@ for an episode), ``taught_answer`` (the operations answer built from its transcr
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from contextlib import closing
@@ -37,7 +38,8 @@ from crl_harness.warmstart.routes import (
 
 __all__ = ["AdvisedEpisode", "earlier_route",
            "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_case", "answer_class",
-           "class_quotas", "EXTRACTOR_LESSONS", "extractor_episodes", "extractor_prompt",
+           "class_quotas", "adds_per_key", "KEY_ADD_SHARE", "ADDS_PER_KEY_SHARE",
+           "EXTRACTOR_LESSONS", "extractor_episodes", "extractor_prompt",
            "extractor_sample", "reply_ids", "taught_answer"]
 
 EARLIER_ATTEMPT_STEPS = 40  # the attempt an advice entry is written from explores without hurry
@@ -49,10 +51,16 @@ FOREIGN_SHARE = 1 / 2  # of the advised episodes: shown another level's route, t
 MISLED_SHARE = 1 / 3  # of the extractor's return samples: misled by another level's route
 ANSWER_CLASSES = ("add", "return", "upvote", "downvote")
 """what ``extractor_sample`` answers, in the order a count not divisible by four fills them"""
-ADDS_PER_KEY = 2
-"""with key lessons, the most ``add`` samples of one key: the extractor must learn each key's
-lesson (a sweep is a start cell's, not the transcript's), so adds spread over keys (cpu-demo's
-warm start at 256 samples: 20 of the 25 dark Room start cells, 17 without the cap)"""
+KEY_ADD_SHARE = 1 / 2
+"""with key lessons, the share of the samples that answer ``add`` (``class_quotas``): a key's
+lesson is not in the transcript (a sweep is its start cell's), so the extractor learns each key's
+lesson by heart from the adds of that key, while the other answers are read from the transcript
+(learnt from 64 samples each: 12/12 votes right at 256 samples, a quarter of them adds, whose
+sweeps won 60% of the oracle's on the keys they covered)"""
+ADDS_PER_KEY_SHARE = 1 / 20
+"""with key lessons, the most ``add`` samples of one key, as a share of the adds (at least 2):
+adds spread over keys rather than pile on the commonest (cpu-demo's warm start at 64 adds and a
+cap of 2: 20 of the 25 dark Room start cells, 17 without the cap)"""
 EXTRACTOR_LESSONS = ("route", "key")
 """what ``extractor_episodes`` teaches to add and follows for the votes: the level's own
 route, or the env's transferable lesson of its key (``KeyLessons``) where it writes one"""
@@ -269,21 +277,40 @@ def answer_case(episode: AdvisedEpisode) -> str:
     return "misled" if misled else name
 
 
-def class_quotas(count: int) -> dict[str, int]:
-    """``count`` samples shared over ``ANSWER_CLASSES`` as evenly as they divide.
+def class_quotas(count: int, lesson: str = "route") -> dict[str, int]:
+    """``count`` samples shared over ``ANSWER_CLASSES`` as evenly as they divide; with
+    ``lesson`` ``key``, ``KEY_ADD_SHARE`` of them (rounded) answer ``add`` and the rest are
+    shared by the others.
 
     >>> class_quotas(10)
     {'add': 3, 'return': 3, 'upvote': 2, 'downvote': 2}
+    >>> class_quotas(10, "key")
+    {'add': 5, 'return': 2, 'upvote': 2, 'downvote': 1}
     """
-    share, extra = divmod(count, len(ANSWER_CLASSES))
-    return {name: share + (i < extra) for i, name in enumerate(ANSWER_CLASSES)}
+    adds = round(count * KEY_ADD_SHARE) if lesson == "key" else None
+    share, extra = divmod(count if adds is None else count - adds, len(ANSWER_CLASSES) - (
+        adds is not None))
+    quotas = {} if adds is None else {"add": adds}
+    for i, name in enumerate(n for n in ANSWER_CLASSES if n not in quotas):
+        quotas[name] = share + (i < extra)
+    return {name: quotas[name] for name in ANSWER_CLASSES}
+
+
+def adds_per_key(adds: int) -> int:
+    """With key lessons, the most ``add`` samples of one key when ``adds`` are wanted
+    (``ADDS_PER_KEY_SHARE`` of them, at least 2).
+
+    >>> adds_per_key(64), adds_per_key(192)
+    (4, 10)
+    """
+    return max(2, math.ceil(adds * ADDS_PER_KEY_SHARE))
 
 
 def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: float,
                        rng: random.Random, lesson: str = "route",
                        **play: Any) -> list[AdvisedEpisode]:
     """Episodes whose ``extractor_sample`` answers are balanced over ``ANSWER_CLASSES``
-    (``class_quotas(count)``), from consecutive levels of ``seeds`` until every class is full:
+    (``class_quotas(count, lesson)``), from consecutive levels of ``seeds`` until every class is full:
 
     - ``add`` / ``return``: an episode with ``noise`` that won / lost, ``FOREIGN_SHARE`` of them
       shown another level's route, which they set aside (its title is not the episode's
@@ -304,7 +331,8 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     it (``AdvisedEpisode.own``), the ``upvote`` episode follows it by its policy
     (``play_oracle_episode``'s ``lesson``), the ``downvote`` one follows another key's lesson
     under this key's title, and the routes shown or misled by are other keys' lessons; a level
-    without one keeps its route; no key gets more than ``ADDS_PER_KEY`` adds.
+    without one keeps its route; the adds take ``KEY_ADD_SHARE`` of ``count`` and no key gets
+    more than ``adds_per_key`` of them.
 
     Where the oracle recovers from ``noise`` (a random WebShop click or ALFWorld step rarely
     costs the episode), a lost class that is still wanted gets one more episode of the level,
@@ -317,7 +345,8 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
     everything). Returns fewer of a class when ``seeds`` run out first (the caller checks)."""
     if lesson not in EXTRACTOR_LESSONS:
         raise ValueError(f"lesson must be one of {', '.join(EXTRACTOR_LESSONS)}, got {lesson!r}")
-    quotas = class_quotas(count)
+    quotas = class_quotas(count, lesson)
+    key_cap = adds_per_key(quotas["add"])
     misled_quota = int(quotas["return"] * MISLED_SHARE)
     # "misled" is a share of the return class, filled apart so that plain losses cannot crowd it
     slots = {**quotas, "return": quotas["return"] - misled_quota, "misled": misled_quota}
@@ -359,7 +388,7 @@ def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: floa
                     plain = AdvisedEpisode(play_oracle_episode(env_id, seed, noise=noise,
                                                                rng=rng, **play), own=key_lesson)
                 name = answer_class(plain)
-                key_full = name == "add" and key_lesson is not None and ADDS_PER_KEY <= sum(
+                key_full = name == "add" and key_lesson is not None and key_cap <= sum(
                     e.own.title == key_lesson.title for e in found["add"] if e.own)
                 if wants(name) and not key_full:
                     found[name].append(plain)

@@ -85,7 +85,7 @@ def test_extractor_lesson_route_gives_the_data_of_a_warm_start_without_it(backen
 
 def test_key_lesson_is_the_add_answer_and_the_upvoted_lesson(keyed):
     answered = [answer_class(e) for e in keyed]
-    assert {name: answered.count(name) for name in ANSWER_CLASSES} == class_quotas(10)
+    assert {name: answered.count(name) for name in ANSWER_CLASSES} == class_quotas(10, "key")
     adds = [e for e in keyed if answer_class(e) == "add"]
     sweeps = 0
     for episode in adds:
@@ -102,7 +102,7 @@ def test_key_lesson_is_the_add_answer_and_the_upvoted_lesson(keyed):
 
 def test_key_lesson_downvote_follows_another_keys_lesson_under_the_levels_title(keyed):
     downvotes = [e for e in keyed if answer_class(e) == "downvote"]
-    assert len(downvotes) == class_quotas(10)["downvote"]
+    assert len(downvotes) == class_quotas(10, "key")["downvote"]
     for episode in downvotes:
         title, content = _lesson(episode)
         assert episode.advice.title == title and episode.advice.content != content
@@ -159,23 +159,24 @@ def test_warmstart_extractor_lesson_reaches_the_extractors_samples(tmp_path, mon
         "warmstart.extractor_lesson=key"])
     out = run_warmstart(cfg, log=lambda _: None, only="extractor")
     assert out["config"]["extractor_lesson"] == "key" and asked == ["key"]
-    [answer] = taught
-    [op] = json.loads(answer.removeprefix("<answer>").removesuffix("</answer>"))
-    key = op["title"].removeprefix("Winning moves from ")
+    assert len(taught) == class_quotas(4, "key")["add"] == 2  # half the samples add
     env = cfg.tasks.envs[0]
-    assert (op["title"], op["content"]) == crl_envs.transferable_lesson(
-        env.id, key, env.kwargs["max_episode_steps"])
+    for answer in taught:
+        [op] = json.loads(answer.removeprefix("<answer>").removesuffix("</answer>"))
+        key = op["title"].removeprefix("Winning moves from ")
+        assert (op["title"], op["content"]) == crl_envs.transferable_lesson(
+            env.id, key, env.kwargs["max_episode_steps"])
 
 
 def test_key_lesson_adds_spread_over_keys(backend, monkeypatch):
     # a sweep is its start cell's, learnt from adds of that key: no key takes the add quota
     import crl_harness.warmstart.data as data
 
-    monkeypatch.setattr(data, "ADDS_PER_KEY", 1)
+    monkeypatch.setattr(data, "adds_per_key", lambda adds: 1)
     many = extractor_episodes(ROOM, list(range(100, 420)), 40, noise=0.1, rng=random.Random(0),
                               lesson="key", tokenizer=backend.tokenizer,
                               max_context=backend.max_context, max_new_tokens=64, history=None,
                               env_kwargs=DARK)
     titles = [e.own.title for e in many if answer_class(e) == "add"]
-    assert len(titles) == class_quotas(40)["add"]
+    assert len(titles) == class_quotas(40, "key")["add"]
     assert len(set(titles)) == len(titles)
