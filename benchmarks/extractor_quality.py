@@ -9,7 +9,7 @@ On the config's first env and held-out levels (``tasks.heldout_offset``, never i
 the scripted oracle plays the episodes the warm start teaches from
 (``crl_harness.warmstart.data.extractor_episodes``, with ``warmstart.noise``), shared over the
 answers as the warm start shares them (48: 12 add, 8 return, 4 misled returns, 12 upvote, 12
-downvote); for each, the Experience Manager's own distillation prompt (with the entry the episode
+downvote; with key lessons half add: 24 add, 6 return, 2 misled, 8 upvote, 8 downvote); for each, the Experience Manager's own distillation prompt (with the entry the episode
 was shown, if any) goes to the extractor, greedy and at the config's ``extractor.temperature``
 (the one training samples at, ``--samples`` answers each). The cases and what is taught
 (``taught_answer``):
