@@ -14,7 +14,6 @@ for an episode), ``taught_answer`` (the operations answer built from its transcr
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 from contextlib import closing
@@ -27,6 +26,7 @@ from crl_harness.experience.entries import ExperienceEntry
 from crl_harness.models.base import encode_chat
 from crl_harness.rollout import EpisodeSpec, LiveEpisode, Trajectory, Turn, make_env, transcript_of
 from crl_harness.warmstart.lessons import KeyLessons, LessonTurns
+from crl_harness.warmstart.quotas import adds_per_key, class_quotas
 from crl_harness.warmstart.reasons import REASONS, random_reason
 from crl_harness.warmstart.routes import (
     advice_check,
@@ -37,8 +37,7 @@ from crl_harness.warmstart.routes import (
 )
 
 __all__ = ["AdvisedEpisode", "earlier_route",
-           "play_oracle_episode", "actor_episodes", "ANSWER_CLASSES", "answer_case", "answer_class",
-           "class_quotas", "adds_per_key", "KEY_ADD_SHARE", "ADDS_PER_KEY_SHARE",
+           "play_oracle_episode", "actor_episodes", "answer_case", "answer_class",
            "EXTRACTOR_LESSONS", "extractor_episodes", "extractor_prompt",
            "extractor_sample", "reply_ids", "taught_answer"]
 
@@ -49,18 +48,6 @@ recovered from ``noise`` (WebShop's and ALFWorld's do: a random click or step ra
 _PLACEHOLDER = re.compile(r"\[<\w+>\]$")  # WebShop's "search[<query>]": a form, not an action
 FOREIGN_SHARE = 1 / 2  # of the advised episodes: shown another level's route, taught to set it aside
 MISLED_SHARE = 1 / 3  # of the extractor's return samples: misled by another level's route
-ANSWER_CLASSES = ("add", "return", "upvote", "downvote")
-"""what ``extractor_sample`` answers, in the order a count not divisible by four fills them"""
-KEY_ADD_SHARE = 1 / 2
-"""with key lessons, the share of the samples that answer ``add`` (``class_quotas``): a key's
-lesson is not in the transcript (a sweep is its start cell's), so the extractor learns each key's
-lesson by heart from the adds of that key, while the other answers are read from the transcript
-(learnt from 64 samples each: 12/12 votes right at 256 samples, a quarter of them adds, whose
-sweeps won 60% of the oracle's on the keys they covered)"""
-ADDS_PER_KEY_SHARE = 1 / 20
-"""with key lessons, the most ``add`` samples of one key, as a share of the adds (at least 2):
-adds spread over keys rather than pile on the commonest (cpu-demo's warm start at 64 adds and a
-cap of 2: 20 of the 25 dark Room start cells, 17 without the cap)"""
 EXTRACTOR_LESSONS = ("route", "key")
 """what ``extractor_episodes`` teaches to add and follows for the votes: the level's own
 route, or the env's transferable lesson of its key (``KeyLessons``) where it writes one"""
@@ -275,35 +262,6 @@ def answer_case(episode: AdvisedEpisode) -> str:
     name = answer_class(episode)
     misled = name == "return" and episode.advice is not None and episode.followed
     return "misled" if misled else name
-
-
-def class_quotas(count: int, lesson: str = "route") -> dict[str, int]:
-    """``count`` samples shared over ``ANSWER_CLASSES`` as evenly as they divide; with
-    ``lesson`` ``key``, ``KEY_ADD_SHARE`` of them (rounded) answer ``add`` and the rest are
-    shared by the others.
-
-    >>> class_quotas(10)
-    {'add': 3, 'return': 3, 'upvote': 2, 'downvote': 2}
-    >>> class_quotas(10, "key")
-    {'add': 5, 'return': 2, 'upvote': 2, 'downvote': 1}
-    """
-    adds = round(count * KEY_ADD_SHARE) if lesson == "key" else None
-    share, extra = divmod(count if adds is None else count - adds, len(ANSWER_CLASSES) - (
-        adds is not None))
-    quotas = {} if adds is None else {"add": adds}
-    for i, name in enumerate(n for n in ANSWER_CLASSES if n not in quotas):
-        quotas[name] = share + (i < extra)
-    return {name: quotas[name] for name in ANSWER_CLASSES}
-
-
-def adds_per_key(adds: int) -> int:
-    """With key lessons, the most ``add`` samples of one key when ``adds`` are wanted
-    (``ADDS_PER_KEY_SHARE`` of them, at least 2).
-
-    >>> adds_per_key(64), adds_per_key(192)
-    (4, 10)
-    """
-    return max(2, math.ceil(adds * ADDS_PER_KEY_SHARE))
 
 
 def extractor_episodes(env_id: str, seeds: list[int], count: int, *, noise: float,

@@ -47,10 +47,10 @@ from crl_harness.warmstart.data import (
     AdvisedEpisode,
     actor_episodes,
     answer_class,
-    class_quotas,
     extractor_episodes,
     extractor_sample,
 )
+from crl_harness.warmstart.quotas import class_quotas
 from crl_harness.warmstart.reasons import REASONS
 
 __all__ = ["WarmStartError", "run_warmstart", "fit", "save_adapter", "sample_rows", "PARTS"]

@@ -15,13 +15,12 @@ from crl_harness.config import ConfigError, load_config  # noqa: E402
 from crl_harness.models import HFBackend  # noqa: E402
 from crl_harness.models.tiny import build_tiny_model  # noqa: E402
 from crl_harness.warmstart.data import (  # noqa: E402
-    ANSWER_CLASSES,
     answer_case,
     answer_class,
-    class_quotas,
     extractor_episodes,
     taught_answer,
 )
+from crl_harness.warmstart.quotas import ANSWER_CLASSES, class_quotas  # noqa: E402
 
 ROOM = "CRL/MiniHackRoom-v0"
 DARK = {"variant": "dark", "max_episode_steps": 8}

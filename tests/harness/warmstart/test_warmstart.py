@@ -24,14 +24,13 @@ from crl_harness.prompting import parse_answer
 from crl_harness.rollout import EpisodeSpec, RolloutEngine
 from crl_harness.warmstart import WarmStartError, run_warmstart
 from crl_harness.warmstart.data import (
-    ANSWER_CLASSES,
     actor_episodes,
     answer_class,
-    class_quotas,
     extractor_episodes,
     extractor_sample,
     play_oracle_episode,
 )
+from crl_harness.warmstart.quotas import ANSWER_CLASSES, class_quotas
 from crl_harness.warmstart.routes import advice_check, route_advice, route_moves, winning_route
 from crl_harness.warmstart.sft import sample_rows
 
