@@ -37,12 +37,10 @@ def class_quotas(count: int, lesson: str = "route") -> dict[str, int]:
     >>> class_quotas(10, "key")
     {'add': 5, 'return': 2, 'upvote': 2, 'downvote': 1}
     """
-    adds = round(count * KEY_ADD_SHARE) if lesson == "key" else None
-    share, extra = divmod(count if adds is None else count - adds, len(ANSWER_CLASSES) - (
-        adds is not None))
-    quotas = {} if adds is None else {"add": adds}
-    for i, name in enumerate(n for n in ANSWER_CLASSES if n not in quotas):
-        quotas[name] = share + (i < extra)
+    fixed = {"add": round(count * KEY_ADD_SHARE)} if lesson == "key" else {}
+    rest = [name for name in ANSWER_CLASSES if name not in fixed]
+    share, extra = divmod(count - sum(fixed.values()), len(rest))
+    quotas = {**fixed, **{name: share + (i < extra) for i, name in enumerate(rest)}}
     return {name: quotas[name] for name in ANSWER_CLASSES}
 
 

@@ -311,11 +311,11 @@ def _warm_extractor(cfg: TrainConfig, out: Path, rng: random.Random,
             lesson=w.extractor_lesson, tokenizer=backend.tokenizer, max_context=backend.max_context,
             max_new_tokens=cfg.actor.max_new_tokens, history=cfg.actor.history,
             env_kwargs=entry.kwargs, options=entry.options or None)
-        classes = {name: 0 for name in class_quotas(count, w.extractor_lesson)}
+        quotas = class_quotas(count, w.extractor_lesson)
+        classes = {name: 0 for name in quotas}
         for episode in found:
             classes[answer_class(episode)] += 1
-        short = {name: (classes[name], want)
-                 for name, want in class_quotas(count, w.extractor_lesson).items()
+        short = {name: (classes[name], want) for name, want in quotas.items()
                  if classes[name] < want}
         if short:
             missing = ", ".join(f"{name} {have} of {want}" for name, (have, want) in short.items())
