@@ -142,6 +142,7 @@ def finished_run(cfg, parser: argparse.ArgumentParser) -> bool:
     (``--reuse``); a finished run of another config there is a usage error that names the first
     setting that differs."""
     from crl_harness.config import config_to_dict
+    from crl_harness.models.engines import SAMPLING_ENGINES
 
     run_dir = Path(cfg.run.output_dir)
     if not (run_dir / "heldout.json").is_file():
@@ -152,6 +153,10 @@ def finished_run(cfg, parser: argparse.ArgumentParser) -> bool:
         parser.error(f"--reuse: {run_dir} has heldout.json but no readable config.json ({err}); "
                      "move the folder away to train it again")
     wanted = config_to_dict(cfg)
+    for role in ("actor", "extractor"):  # a run stores what `auto` chose where it trained
+        if wanted[role]["rollout_engine"] == "auto" and \
+                _at(saved, f"{role}.rollout_engine") in SAMPLING_ENGINES:
+            wanted[role]["rollout_engine"] = saved[role]["rollout_engine"]
     if saved != wanted:
         key = _first_difference(saved, wanted)
         parser.error(f"--reuse: {run_dir} holds a run of another config ({key}: "

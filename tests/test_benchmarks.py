@@ -211,6 +211,16 @@ def test_hardening_efficacy_reuse_reads_a_finished_run_of_the_same_config_only(m
     assert not efficacy.finished_run(cfg, parser)  # trained, not finished: no heldout.json
     (run_dir / "heldout.json").write_text(json.dumps({"outcomes": {}}))
     assert efficacy.finished_run(cfg, parser)
+    # the run stores the engine `auto` chose where it trained: the same command reuses it
+    trained = config_to_dict(cfg)
+    trained["actor"]["rollout_engine"] = trained["extractor"]["rollout_engine"] = "vllm"
+    (run_dir / "config.json").write_text(json.dumps(trained))
+    assert cfg.actor.rollout_engine == "auto" and efficacy.finished_run(cfg, parser)
+    pinned = efficacy.run_config("cpu-demo", "none", None, 0, 6, tmp_path,
+                                 ["actor.rollout_engine=hf"])
+    with pytest.raises(SystemExit):
+        efficacy.finished_run(pinned, parser)
+    assert "(actor.rollout_engine: 'vllm' there, 'hf' now)" in capsys.readouterr().err
     other = efficacy.run_config("cpu-demo", "none", None, 0, 4, tmp_path, [])
     with pytest.raises(SystemExit):
         efficacy.finished_run(other, parser)
