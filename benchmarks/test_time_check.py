@@ -35,6 +35,9 @@ def main() -> None:
     parser.add_argument("--actor", help="hf: spec (default: the config's warm-started actor)")
     parser.add_argument("--extractor",
                         help="hf: spec (default: the config's warm-started extractor)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="at most this many levels of a retrieval key, each in a round of "
+                             "its own (1..8; default unseen.ROUNDS, 3)")
     parser.add_argument("--out", type=Path, default=Path("runs/test-time-check"))
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides, e.g. actor.rollout_engine=vllm")
@@ -43,6 +46,8 @@ def main() -> None:
         parser.error("--levels must be in 2..4096")
     if not 2 <= args.attempts <= 16:
         parser.error("--attempts must be in 2..16")
+    if args.rounds is not None and not 1 <= args.rounds <= 8:
+        parser.error("--rounds must be in 1..8")
 
     from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import ConfigError, load_config
@@ -56,20 +61,22 @@ def main() -> None:
         parser.error(str(err))
     actor = args.actor or cfg.starting_model("actor")
     extractor = args.extractor or cfg.starting_model("extractor")
+    rounds = args.rounds or ROUNDS
     started = time.perf_counter()
     outcomes = test_time_experience(cfg, actor=actor, extractor=extractor,
-                                    seeds=unseen_levels(args.levels, cfg=cfg, per_key=ROUNDS),
+                                    seeds=unseen_levels(args.levels, cfg=cfg, per_key=rounds),
                                     out=args.out,
                                     attempts=args.attempts, dtype=cfg.actor.dtype)
     seconds = time.perf_counter() - started
     d = paired(outcomes["free"], outcomes["guided"])
     print(f"\n{d.n} unseen levels of {cfg.tasks.envs[0].id}, {args.attempts} sampled attempts "
-          f"a level distilled, then greedy ({seconds:.0f} s): with the bank "
+          f"a level distilled, at most {rounds} a retrieval key, then greedy ({seconds:.0f} "
+          f"s): with the bank "
           f"{format_rate(d.b_wins, d.n)}, without {format_rate(d.a_wins, d.n)}; with - without "
           f"{format_paired(d, 'without', 'with')}")
     (args.out / "test_time_check.json").write_text(json.dumps({
         "actor": actor, "extractor": extractor, "levels": args.levels,
-        "attempts": args.attempts, "seconds": seconds, "paired": d.to_dict(),
+        "attempts": args.attempts, "rounds": rounds, "seconds": seconds, "paired": d.to_dict(),
         "overrides": args.set}, indent=2))
 
 

@@ -15,6 +15,7 @@ WARM = Path(__file__).resolve().parents[1] / "benchmarks" / "warmstart_heldout.p
 QUALITY = Path(__file__).resolve().parents[1] / "benchmarks" / "extractor_quality.py"
 LATENCY = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_step_latency.py"
 TRANSFER = Path(__file__).resolve().parents[1] / "benchmarks" / "transfer_ceiling.py"
+TEST_TIME = Path(__file__).resolve().parents[1] / "benchmarks" / "test_time_check.py"
 
 
 @pytest.mark.parametrize(("script", "flags", "message"), [
@@ -57,6 +58,11 @@ TRANSFER = Path(__file__).resolve().parents[1] / "benchmarks" / "transfer_ceilin
     (TRANSFER, ["--samples", "17"], "--samples must be in 0..16"),
     (TRANSFER, ["--offset", "-1"], "--offset must be in 0.."),
     (TRANSFER, ["--set", "actor.no_such_key=1"], "no_such_key"),
+    (TEST_TIME, ["--levels", "1"], "--levels must be in 2..4096"),
+    (TEST_TIME, ["--attempts", "17"], "--attempts must be in 2..16"),
+    (TEST_TIME, ["--rounds", "0"], "--rounds must be in 1..8"),
+    (TEST_TIME, ["--rounds", "9"], "--rounds must be in 1..8"),
+    (TEST_TIME, ["--set", "actor.no_such_key=1"], "no_such_key"),
 ])
 def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, script, flags,
                                                                  message):

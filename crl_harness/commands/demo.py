@@ -37,6 +37,9 @@ from crl_envs.errors import UserFacingError, describe_error
 HELDOUT_WITH_BANK = "held-out, with its bank"
 """the case of the trained actor on the held-out levels with the run's bank"""
 
+MAX_TEST_TIME_ROUNDS = 8
+"""``--test-time-rounds``' bound: each round starts a trainer and three engines of its own"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=5, help="episodes per env (default 5)")
@@ -55,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="unseen levels of the test-time experience check (attempt 1: 4 "
                              "sampled episodes distilled into a fresh bank; attempt 2: greedy "
                              "with it against without it, paired; default 32; 0: skip)")
+    parser.add_argument("--test-time-rounds", type=int, default=1,
+                        help="unseen levels of one retrieval key, each in a round with a fresh "
+                             "bank of its own (default 1: the 32 default levels hold 21 dark "
+                             "starts, against 22 with 3, in a third of the rounds; 1..8)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="settings of the training config, as crl train takes them (e.g. "
                              "actor.rollout_engine=vllm extractor.rollout_engine=vllm)")
@@ -102,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     check_range("--episodes", args.episodes, 1, MAX_EPISODES)
     check_range("--eval-levels", args.eval_levels, 1, HELDOUT_RESERVED)
     check_range("--test-time-levels", args.test_time_levels, 0, HELDOUT_RESERVED)
+    check_range("--test-time-rounds", args.test_time_rounds, 1, MAX_TEST_TIME_ROUNDS)
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     try:  # OUT/NAME: the config's own name (run.output_dir's default is runs/${name})
         cfg = load_config(args.config, [*bf16_fallback(), *args.overrides,
@@ -121,18 +129,20 @@ def run(args: argparse.Namespace) -> int:
     status = eval_command.run(parser.parse_args(eval_args))
     if status or args.no_train:
         return status
-    train_and_evaluate(cfg, args.eval_levels, out, test_time_levels=args.test_time_levels)
+    train_and_evaluate(cfg, args.eval_levels, out, test_time_levels=args.test_time_levels,
+                       test_time_rounds=args.test_time_rounds)
     return 0
 
 
 def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = None,
-                       test_time_levels: int = 0) -> Path:
+                       test_time_levels: int = 0, test_time_rounds: int = 1) -> Path:
     """The warm start (shipped, or ``crl warmstart`` when absent) on ``levels`` held-out levels
     and on the training levels (cached in ``cache``, default ``default_cache()``), training
     ``cfg`` into ``cfg.run.output_dir``, and the checkpoint that training returns on the same
     levels (the training levels with the bank it grew), and, on ``test_time_levels`` unseen
-    levels, the trained actor's second attempt with a bank its extractor wrote from its first
-    against one without (``test_time_experience``); prints them with their paired differences
+    levels (at most ``test_time_rounds`` of a retrieval key), the trained actor's second attempt
+    with a bank its extractor wrote from its first against one without
+    (``test_time_experience``); prints them with their paired differences
     and writes every level's outcome to ``out/levels.json``. Returns that checkpoint."""
     from crl_harness.commands import train as train_command
     from crl_harness.eval.heldout import default_cache, env_cases, evaluate_levels, paired
@@ -179,7 +189,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
                    for name in before if with_bank and name.startswith("held-out")}
     test_time = None
     if test_time_levels and cfg.uses_experience:
-        from crl_harness.training.unseen import ROUNDS, test_time_experience, unseen_levels
+        from crl_harness.training.unseen import test_time_experience, unseen_levels
 
         extractor = checkpoint / "extractor_hf"
         extractor_spec = f"hf:{extractor}" if extractor.exists() else \
@@ -188,7 +198,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
               "a level distilled into a fresh bank, then greedy with it against without it ...")
         attempts = test_time_experience(cfg, actor=f"hf:{actor}", extractor=extractor_spec,
                                         seeds=unseen_levels(test_time_levels, cfg=cfg,
-                                                            per_key=ROUNDS),
+                                                            per_key=test_time_rounds),
                                         out=out / "test-time", dtype=dtype)
         test_time = paired(attempts["free"], attempts["guided"])
     levels_json = {

@@ -270,6 +270,10 @@ def test_demo_of_a_mixture_warm_starts_and_prints_each_env_and_the_pooled_pairs(
      "--eval-levels must be between 1 and 10000, got 0."),
     (["demo", "--config", "mix3-cpu", "--eval-levels", "10001"],
      "--eval-levels must be between 1 and 10000"),
+    (["demo", "--config", "mix3-cpu", "--test-time-rounds", "0"],
+     "--test-time-rounds must be between 1 and 8, got 0."),
+    (["demo", "--config", "mix3-cpu", "--test-time-rounds", "9"],
+     "--test-time-rounds must be between 1 and 8"),
     (["demo", "--config", "mix3-cpu", "--no-train", "actor.rollout_engine=llamacpp"],
      "bad config key 'actor.rollout_engine': invalid value 'llamacpp', expected one of auto, hf, vllm"),
     (["demo", "--config", "mix3-cpu", "--no-train", "actor.nosuch=1"],
@@ -299,11 +303,14 @@ def test_demo_settings_reach_the_training_config(tmp_path, monkeypatch):
     the run still goes under ``--out``."""
     from crl_harness.commands import demo
 
-    seen = []
-    monkeypatch.setattr(demo, "train_and_evaluate", lambda cfg, levels, out, **_: seen.append(cfg))
+    seen, flags = [], []
+    monkeypatch.setattr(demo, "train_and_evaluate",
+                        lambda cfg, levels, out, **kw: seen.append(cfg) or flags.append(kw))
     assert main(["demo", "--config", "mix3-cpu", "--episodes", "1", "--envs", SOKOBAN,
-                 "--out", str(tmp_path / "demo"), "actor.rollout_engine=vllm",
-                 "extractor.kv_cache_tokens=2048", "run.output_dir=elsewhere"]) == 0
+                 "--out", str(tmp_path / "demo"), "--test-time-rounds", "3",
+                 "actor.rollout_engine=vllm", "extractor.kv_cache_tokens=2048",
+                 "run.output_dir=elsewhere"]) == 0
     [cfg] = seen
+    assert flags == [{"test_time_levels": 32, "test_time_rounds": 3}]
     assert cfg.actor.rollout_engine == "vllm" and cfg.kv_cache_tokens("extractor") == 2048
     assert cfg.run.output_dir == str(tmp_path / "demo" / "mix3-cpu")
