@@ -59,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "sampled episodes distilled into a fresh bank; attempt 2: greedy "
                              "with it against without it, paired; default 32; 0: skip)")
     parser.add_argument("--test-time-rounds", type=int, default=1,
-                        help="unseen levels of one retrieval key, each in a round with a fresh "
-                             "bank of its own (default 1: the 32 default levels hold 21 dark "
-                             "starts, against 22 with 3, in a third of the rounds; 1..8)")
+                        help="at most this many unseen levels of one retrieval key, each in a "
+                             "round with a fresh bank of its own (1..8; default 1: the 32 default "
+                             "levels hold 21 dark starts, against 22 with 3, in one round)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="settings of the training config, as crl train takes them (e.g. "
                              "actor.rollout_engine=vllm extractor.rollout_engine=vllm)")

@@ -33,6 +33,7 @@ from crl_harness.experience.entries import (
     DeleteEntries,
     ExperienceEntry,
     VoteEntry,
+    same_text,
 )
 from crl_harness.experience.manager_config import ManagerConfig
 from crl_harness.experience.operations import (
@@ -142,6 +143,25 @@ def judgment_reward(ops: Sequence[Operation], won: bool) -> float:
     """
     verdicts = [op.delta > 0 for op in ops if isinstance(op, Vote)] or [False]
     return sum(1.0 if up == won else -1.0 for up in verdicts) / len(verdicts)
+
+
+def restated(ops: Sequence[Operation], shown: Sequence[ExperienceEntry],
+             own: Sequence[bool]) -> dict[int, int]:
+    """The adds of ``ops`` that restate an entry shown to the episode, of its own level (same
+    text, case and whitespace aside), by their place in ``ops``: that entry's number. The manager
+    folds such an add into the entry as an upvote (``ExperienceManager.apply``), so it is judged
+    as one.
+
+    >>> shown = [ExperienceEntry("e", "env", "Winning moves", "play south.")]
+    >>> restated([Add("winning moves", "play  South."), Add("Winning moves", "play west.")],
+    ...          shown, [True])
+    {0: 0}
+    >>> restated([Add("Winning moves", "play south.")], shown, [False])
+    {}
+    """
+    texts = {same_text(e.title, e.content): t for t, e in enumerate(shown) if own[t]}
+    return {i: texts[same_text(op.title, op.content)] for i, op in enumerate(ops)
+            if isinstance(op, Add) and same_text(op.title, op.content) in texts}
 
 
 class ExtractorJobs:
@@ -256,7 +276,8 @@ class ExtractorJobs:
         self._counters.add("votes_ignored", len(ops) - len(counted))
         changes = self._changes(counted, shown, request.env_id, request.step, "distill", prompt,
                                 output, parsed.error,
-                                judged=request.won if parsed.ok and counted == ops else None)
+                                judged=request.won if parsed.ok and counted == ops else None,
+                                own=own)
         if changes:
             self._apply(changes)
             self._counters.add("ops_applied", len(counted))
@@ -281,11 +302,15 @@ class ExtractorJobs:
 
     def _changes(self, ops: Sequence[Operation], shown: list[ExperienceEntry], env_id: str,
                  step: int, kind: str, prompt: str, output: Any,
-                 error: str | None, judged: bool | None = None) -> list[BankChange]:
+                 error: str | None, judged: bool | None = None,
+                 own: Sequence[bool] = ()) -> list[BankChange]:
         """Bank changes for parsed operations; registers the generation for credit: one that
         writes (or endorses) an entry is credited when the entry is used; a distillation that
-        only judged (votes, or ``return``) of an episode whose outcome is ``judged`` (won) at
-        once, by that outcome (``judgment_reward``)."""
+        only judged (votes, ``return``, or adds that restate the level's own entry it was shown:
+        ``restated``) of an episode whose outcome is ``judged`` (won) at once, by that outcome
+        (``judgment_reward``). A restatement is an upvote: as an endorser's it waited for a later
+        use of the entry, which the level's last visit (most of a run's restatements) never
+        brings."""
         generation_id = uuid.uuid4().hex
         if error is not None:
             self._counters.add("format_failures")
@@ -304,10 +329,14 @@ class ExtractorJobs:
                 changes.append(VoteEntry(shown[op.target].id, op.delta))
             if isinstance(op, (Add, Update, Merge, Rewrite)):
                 changes.append(AddEntry(env_id, op.title, op.content, generation_id, step))
-        if any(isinstance(c, AddEntry) for c in changes):
+        upvotes = restated(ops, shown, own) if own else {}
+        writes = any(isinstance(op, (Add, Update, Merge, Rewrite)) and i not in upvotes
+                     for i, op in enumerate(ops))
+        if writes or (upvotes and judged is None):
             self._ledger.register(generation_id, prompt, output, kind)  # type: ignore[arg-type]
         elif judged is not None:
             self._counters.add("judgments")
+            verdicts = [Vote(upvotes[i], 1) if i in upvotes else op for i, op in enumerate(ops)]
             self._ledger.register(generation_id, prompt, output, kind,  # type: ignore[arg-type]
-                                  fixed_reward=judgment_reward(ops, judged))
+                                  fixed_reward=judgment_reward(verdicts, judged))
         return changes

@@ -196,6 +196,29 @@ def test_votes_and_returns_are_credited_by_the_outcome_they_judged(bank):
         assert [r.reward for r in manager.generation_rewards()] == [1.0]
 
 
+def test_an_add_that_restates_the_levels_own_lesson_is_judged_as_an_upvote(bank):
+    """D9: a guided episode's extractor that wrote the lesson it was shown again (38 of the 42
+    generations a demo run left uncredited) was an endorser, credited only when the lesson was
+    used again, which a level's last visit never brings. Now it is judged at once, as an upvote,
+    by the episode's outcome; the add still folds into the entry."""
+    title, content = lesson(MINE, "south")
+    restate = f'<answer>[{{"op": "add", "title": "{title}", "content": "{content}"}}]</answer>'
+    with keyed_manager(bank, answer(restate)) as manager:
+        mine = manager.apply([AddEntry(ENV, title, content)]).added[0]
+        manager.submit(DistillationRequest(ENV, "task", "...", True, 1.0, [mine.id], 1, query=MINE))
+        manager.submit(DistillationRequest(ENV, "task", "...", False, 0.0, [mine.id], 1,
+                                           query=MINE))
+        manager.flush()
+        assert sorted(r.reward for r in manager.generation_rewards()) == [-1.0, 1.0]
+        assert len(bank) == 1 and bank.get(mine.id).votes == 2  # folded: two upvotes
+    with keyed_manager(ExperienceBank(":memory:"), answer(restate)) as manager:
+        other = manager.apply([AddEntry(ENV, *lesson(OTHER, "west"))]).added[0]
+        manager.submit(DistillationRequest(ENV, "task", "...", True, 1.0, [other.id], 1,
+                                           query=MINE))  # shown another level's: a new lesson
+        manager.flush()
+        assert manager.generation_rewards() == []  # a writer's: credited when it is used
+
+
 def test_free_winners_are_distilled_and_the_cap_holds():
     """D7: only guided episodes were distilled; the free half's winners (the better half)
     never were. Now: each guided episode shown a lesson, then the group's shortest win."""
