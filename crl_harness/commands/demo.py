@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import gymnasium as gym
 
 import crl_envs  # noqa: F401  (registers the CRL ids)
 from crl_envs.errors import UserFacingError, describe_error
+from crl_envs.swebench.sandbox.base import UnisolatedSandboxWarning
 
 HELDOUT_WITH_BANK = "held-out, with its bank"
 """the case of the trained actor on the held-out levels with the run's bank"""
@@ -121,12 +123,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserFacingError(f"--out {out} holds an earlier demo's run; give a new --out (by "
                               "default each demo writes a fresh runs/demo-TIMESTAMP).")
     output_dir(out, "--out")
-    env_ids = runnable_envs(expand_env_ids(args.envs))
-    eval_args = ["--agent", "scripted", "--envs", ",".join(env_ids),
-                 "--episodes", str(args.episodes), "--out", str(out / "scripted")]
-    parser = argparse.ArgumentParser(prog="crl demo")
-    eval_command.add_arguments(parser)
-    status = eval_command.run(parser.parse_args(eval_args))
+    with warnings.catch_warnings():
+        # the envs' own scripted oracles play here, no untrusted agent: SWE-bench's toy task on
+        # a LocalSandbox warns about those in vain
+        warnings.simplefilter("ignore", UnisolatedSandboxWarning)
+        env_ids = runnable_envs(expand_env_ids(args.envs))
+        eval_args = ["--agent", "scripted", "--envs", ",".join(env_ids),
+                     "--episodes", str(args.episodes), "--out", str(out / "scripted")]
+        parser = argparse.ArgumentParser(prog="crl demo")
+        eval_command.add_arguments(parser)
+        status = eval_command.run(parser.parse_args(eval_args))
     if status or args.no_train:
         return status
     train_and_evaluate(cfg, args.eval_levels, out, test_time_levels=args.test_time_levels,
