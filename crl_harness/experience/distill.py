@@ -160,8 +160,8 @@ def restated(ops: Sequence[Operation], shown: Sequence[ExperienceEntry],
     {}
     """
     texts = {same_text(e.title, e.content): t for t, e in enumerate(shown) if own[t]}
-    return {i: texts[same_text(op.title, op.content)] for i, op in enumerate(ops)
-            if isinstance(op, Add) and same_text(op.title, op.content) in texts}
+    return {i: t for i, op in enumerate(ops)
+            if isinstance(op, Add) and (t := texts.get(same_text(op.title, op.content))) is not None}
 
 
 class ExtractorJobs:
