@@ -87,6 +87,20 @@ def test_hardening_actor_update_bench_flags_are_usage_errors(flags, message):
     assert message in done.stderr
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--repeats", "0"], "--repeats must be in 1..10"),
+    (["--repeats", "11"], "--repeats must be in 1..10"),
+    (["--set", "actor.no_such_key=1"], "no_such_key"),
+    (["--config", "no-such-config"], "no-such-config"),
+    (["--set", "arm=none"], "arm none has no extractor to run in a helper thread"),
+])
+def test_hardening_helper_thread_bench_flags_are_usage_errors(flags, message):
+    done = subprocess.run([sys.executable, str(EFFICACY.parent / "helper_thread_bench.py"),
+                           *flags], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
 def test_hardening_efficacy_sigterm_stops_the_run_it_spawned(tmp_path):
     """``timeout`` or ``kill`` sends SIGTERM to efficacy.py alone: the run it is training (a
     process of its own, gigabytes with a real model) stops with it instead of training on."""

@@ -50,6 +50,7 @@ from crl_harness.config.fields import check_settings
 from crl_harness.config.schema import ExperienceConfig
 from crl_harness.config.validation import min_query_coverage_problem
 from crl_harness.experience.entries import ExperienceEntry
+from crl_harness.models.fresh_thread import call_in_fresh_thread
 
 
 def _import_bm25s_without_jax_or_numba():
@@ -339,8 +340,11 @@ class Embedder:
         # One forward pass at a time: torch already uses every core for one, and queries that
         # wait here meanwhile form larger batches upstream.
         with self._lock:
-            vectors = self.model.encode(list(texts), batch_size=64, normalize_embeddings=True,
-                                        convert_to_numpy=True, show_progress_bar=False)
+            # the manager's search and index threads live as long as it does, and a live thread
+            # that ran torch slows the main thread's (crl_harness.models.fresh_thread)
+            vectors = call_in_fresh_thread(lambda: self.model.encode(
+                list(texts), batch_size=64, normalize_embeddings=True, convert_to_numpy=True,
+                show_progress_bar=False), "experience-encode")
         return vectors.astype(np.float32, copy=False)
 
 

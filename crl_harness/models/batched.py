@@ -4,11 +4,13 @@ with one batched ``generate`` of a ``ModelBackend``."""
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from concurrent.futures import Future
 
 from crl_harness.models.base import Generation, ModelBackend
+from crl_harness.models.fresh_thread import call_in_fresh_thread
 
 __all__ = ["BatchedGenerator"]
 
@@ -53,11 +55,13 @@ class BatchedGenerator:
             except queue.Empty:
                 pass
             try:
+                chats = [[{"role": "user", "content": prompt}] for prompt, _ in batch]
                 with self.weights_lock:
-                    generations = self.backend.generate(
-                        [[{"role": "user", "content": prompt}] for prompt, _ in batch],
-                        max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                        top_p=self.top_p)
+                    # in a thread that ends with the call: this one lives as long as the run,
+                    # and a live thread that ran torch slows the main thread's (fresh_thread)
+                    generations = call_in_fresh_thread(functools.partial(
+                        self.backend.generate, chats, max_new_tokens=self.max_new_tokens,
+                        temperature=self.temperature, top_p=self.top_p), "extractor-batch")
                 for (_, future), generation in zip(batch, generations, strict=True):
                     future.set_result(generation)
             except BaseException as err:  # the callers get the error instead of waiting forever
