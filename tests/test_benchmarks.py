@@ -73,30 +73,22 @@ def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, scri
     assert not (tmp_path / "out").exists()  # stopped before writing anything
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--steps", "0"], "--steps and --repeats must be in 1..20"),
-    (["--repeats", "21"], "--steps and --repeats must be in 1..20"),
-    (["--set", "actor.no_such_key=1"], "no_such_key"),
-    (["--config", "no-such-config"], "no-such-config"),
-    (["--compare", "speed"], "invalid choice: 'speed'"),
+@pytest.mark.parametrize(("script", "flags", "message"), [
+    ("actor_update_bench.py", ["--steps", "0"], "--steps and --repeats must be in 1..20"),
+    ("actor_update_bench.py", ["--repeats", "21"], "--steps and --repeats must be in 1..20"),
+    ("actor_update_bench.py", ["--set", "actor.no_such_key=1"], "no_such_key"),
+    ("actor_update_bench.py", ["--config", "no-such-config"], "no-such-config"),
+    ("actor_update_bench.py", ["--compare", "speed"], "invalid choice: 'speed'"),
+    ("helper_thread_bench.py", ["--repeats", "0"], "--repeats must be in 1..10"),
+    ("helper_thread_bench.py", ["--repeats", "11"], "--repeats must be in 1..10"),
+    ("helper_thread_bench.py", ["--set", "actor.no_such_key=1"], "no_such_key"),
+    ("helper_thread_bench.py", ["--config", "no-such-config"], "no-such-config"),
+    ("helper_thread_bench.py", ["--set", "arm=none"],
+     "arm none has no extractor to run in a helper thread"),
 ])
-def test_hardening_actor_update_bench_flags_are_usage_errors(flags, message):
-    done = subprocess.run([sys.executable, str(EFFICACY.parent / "actor_update_bench.py"), *flags],
+def test_hardening_timing_bench_flags_are_usage_errors(script, flags, message):
+    done = subprocess.run([sys.executable, str(EFFICACY.parent / script), *flags],
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert message in done.stderr
-
-
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--repeats", "0"], "--repeats must be in 1..10"),
-    (["--repeats", "11"], "--repeats must be in 1..10"),
-    (["--set", "actor.no_such_key=1"], "no_such_key"),
-    (["--config", "no-such-config"], "no-such-config"),
-    (["--set", "arm=none"], "arm none has no extractor to run in a helper thread"),
-])
-def test_hardening_helper_thread_bench_flags_are_usage_errors(flags, message):
-    done = subprocess.run([sys.executable, str(EFFICACY.parent / "helper_thread_bench.py"),
-                           *flags], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert message in done.stderr
 
