@@ -7,8 +7,8 @@ workers sleep after about a hundred spins instead of waiting for the next region
 thousands of small regions of a generation or an update then waits for them to wake. A
 long-lived helper thread that ran torch once (the extractor's generation in the background, a
 dense index's encoder) so slowed the main thread's rollouts and updates for the rest of a run:
-on 2 cores 1.3x, about 1.3 of the 2 cores busy (``benchmarks/helper_thread_bench.py``). A thread
-that ends frees its team, and the main thread's regions run at full speed again.
+on 2 cores 1.2x, with about 1.4 of the 2 cores busy (``benchmarks/helper_thread_bench.py``). A
+thread that ends frees its team, and the main thread's regions run at full speed again.
 
 >>> call_in_fresh_thread(lambda: 6 * 7)
 42
