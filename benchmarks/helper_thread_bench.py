@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -44,7 +45,7 @@ def busy_cores(since: tuple[int, int] | None = None) -> tuple[int, int] | float:
 class LiveHelper:
     """A thread that runs ``work`` once and then waits, alive, until ``stop``."""
 
-    def __init__(self, work: callable) -> None:
+    def __init__(self, work: Callable[[], object]) -> None:
         self._release = threading.Event()
         ran = threading.Event()
 
