@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import os
 import statistics
 import sys
 import tempfile
@@ -36,8 +37,6 @@ def busy_cores(since: tuple[int, int] | None = None) -> tuple[int, int] | float:
     now = (sum(values), values[3] + values[4])
     if since is None:
         return now
-    import os
-
     total, idle = now[0] - since[0], now[1] - since[1]
     return (os.cpu_count() or 1) * (1 - idle / max(total, 1))
 

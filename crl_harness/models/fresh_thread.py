@@ -16,8 +16,8 @@ thread that ends frees its team, and the main thread's regions run at full speed
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 __all__ = ["call_in_fresh_thread"]
@@ -26,19 +26,7 @@ T = TypeVar("T")
 
 
 def call_in_fresh_thread(fn: Callable[[], T], name: str = "crl-torch-call") -> T:
-    """``fn()`` in a new thread, waited for; its result returned, its exception raised here."""
-    outcome: list = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, fn()))
-        except BaseException as err:  # noqa: BLE001 - handed to the caller as it is
-            outcome.append((False, err))
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    thread.join()
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
+    """``fn()`` in a new thread, waited for; its result returned, its exception raised here.
+    Leaving the pool's block joins the thread, so it has ended when this returns."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) as pool:
+        return pool.submit(fn).result()
