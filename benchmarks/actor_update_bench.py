@@ -49,7 +49,6 @@ def main() -> None:
 
     import torch
 
-    from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import ConfigError, load_config
     from crl_harness.models import attention
     from crl_harness.training.batches import actor_rows
@@ -59,7 +58,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="crl-update-bench-") as out:
         try:
-            cfg = load_config(args.config, [*bf16_fallback(), "arm=none",
+            cfg = load_config(args.config, ["arm=none",
                                             f"run.output_dir={out}/run", "run.tensorboard=false",
                                             *args.set])
         except ConfigError as err:

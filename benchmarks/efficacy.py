@@ -51,11 +51,9 @@ ARMS = ("co-evolve", "static", "none")
 def run_config(config: str, arm: str, actor: str | None, seed: int, steps: int | None, out: Path,
                overrides: list[str]):
     """The config of one run, trained into ``out/ARM-seedSEED``."""
-    from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import load_config
 
-    # as crl demo: float32 where this CPU emulates bf16 (a step of cpu-demo then took 4x as long)
-    settings = [*bf16_fallback(), *overrides, f"arm={arm}", f"run.seed={seed}",
+    settings = [*overrides, f"arm={arm}", f"run.seed={seed}",
                 f"run.output_dir={out / f'{arm}-seed{seed}'}", "run.checkpoint_every=1000000"]
     if steps is not None:
         settings.append(f"run.steps={steps}")

@@ -62,7 +62,13 @@ def main() -> None:
     for name, shape in SHAPES.items():
         fp32 = gflops(*shape, torch.float32, args.repeats)
         bf16 = gflops(*shape, torch.bfloat16, args.repeats)
-        print(f"{name:<30}{fp32:>14.0f}{bf16:>14.0f}")
+        print(f"{name:<30}{_rate(fp32):>14}{_rate(bf16):>14}")
+
+
+def _rate(gflop_s: float) -> str:
+    """Whole GFLOP/s, or two decimals under 10: an emulated bf16 product can run under 1 GFLOP/s
+    (an AMD EPYC with AVX2 only), which a whole number would print as 0."""
+    return f"{gflop_s:.0f}" if gflop_s >= 10 else f"{gflop_s:.2f}"
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ def main() -> None:
     if not 2 <= args.levels <= 128:
         parser.error("--levels must be in 2..128")
 
-    from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import ConfigError, load_config
     from crl_harness.eval import format_paired, format_rate
     from crl_harness.training.metrics import PAIR_SETS, pooled_pairs, read_metrics
@@ -51,7 +50,7 @@ def main() -> None:
              "run.checkpoint_every=2", "run.tensorboard=false",
              f"run.output_dir={args.out / 'run'}"]
     try:
-        cfg = load_config(args.config, [*bf16_fallback(), *args.set, *fixed])
+        cfg = load_config(args.config, [*args.set, *fixed])
     except ConfigError as err:
         parser.error(str(err))
     if len(cfg.tasks.training_seeds()) < args.levels:

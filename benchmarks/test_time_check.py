@@ -49,14 +49,13 @@ def main() -> None:
     if args.rounds is not None and not 1 <= args.rounds <= 8:
         parser.error("--rounds must be in 1..8")
 
-    from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import ConfigError, load_config
     from crl_harness.eval import format_paired, format_rate
     from crl_harness.eval.heldout import paired
     from crl_harness.training.unseen import ROUNDS, test_time_experience, unseen_levels
 
     try:
-        cfg = load_config(args.config, [*bf16_fallback(), *args.set])
+        cfg = load_config(args.config, args.set)
     except ConfigError as err:
         parser.error(str(err))
     actor = args.actor or cfg.starting_model("actor")

@@ -69,12 +69,11 @@ def main() -> None:
     if not 0 <= args.samples <= MAX_SAMPLES:
         parser.error(f"--samples must be in 0..{MAX_SAMPLES}")
 
-    from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import ConfigError, load_config
     from crl_harness.training.unseen import UNSEEN_OFFSET
 
     try:
-        cfg = load_config(args.config, [*bf16_fallback(), *args.set])
+        cfg = load_config(args.config, args.set)
     except ConfigError as err:
         parser.error(str(err))
     offset = UNSEEN_OFFSET if args.offset is None else args.offset

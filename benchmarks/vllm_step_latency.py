@@ -59,11 +59,10 @@ def main() -> None:
         if not low <= getattr(args, name) <= high:
             parser.error(f"--{name.replace('_', '-')} must be in {low}..{high}")
 
-    from crl_harness.commands.demo import bf16_fallback
     from crl_harness.config import ConfigError, load_config
 
     try:
-        cfg = load_config(args.config, [*bf16_fallback(), "actor.rollout_engine=vllm", *args.set])
+        cfg = load_config(args.config, ["actor.rollout_engine=vllm", *args.set])
     except ConfigError as err:
         parser.error(str(err))
     if max(args.batches) * (args.context + args.new_tokens + 1) > cfg.actor.kv_cache_tokens:

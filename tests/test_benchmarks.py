@@ -186,14 +186,14 @@ def test_retrieval_oracle_lessons_are_the_warm_starts_route_entries(monkeypatch)
 @pytest.mark.parametrize(("native", "dtype"), [(True, "bfloat16"), (False, "float32")])
 def test_efficacy_runs_cpu_demo_in_float32_where_the_cpu_emulates_bf16(monkeypatch, tmp_path,
                                                                        native, dtype):
-    """As ``crl demo``: an emulated bf16 made a cpu-demo step 4x slower than it is in bf16
-    natively; an explicit ``--set`` still wins."""
-    import crl_harness.models.hf as hf
+    """cpu-demo's ``bfloat16-if-native``: an emulated bf16 made a cpu-demo step 4x slower than
+    it is in bf16 natively; an explicit ``--set`` still wins."""
+    from crl_harness.models import hf_loading
 
     monkeypatch.syspath_prepend(str(EFFICACY.parent))
     import efficacy
 
-    monkeypatch.setattr(hf, "cpu_computes_bf16", lambda: native)
+    monkeypatch.setattr(hf_loading, "cpu_computes_bf16", lambda: native)
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     cfg = efficacy.run_config("cpu-demo", "none", None, 0, 1, tmp_path, [])
     assert cfg.actor.dtype == cfg.extractor.dtype == dtype

@@ -89,18 +89,6 @@ def runnable_envs(env_ids: list[str]) -> list[str]:
     return ok
 
 
-def bf16_fallback() -> list[str]:
-    """cpu-demo runs its models in bf16 (twice fp32's speed on a CPU with AVX512-BF16 or AMX, and
-    on CUDA); where neither computes bf16 natively, float32 (an emulated bf16 is slower)."""
-    import torch
-
-    from crl_harness.models.hf import cpu_computes_bf16
-
-    if torch.cuda.is_available() or cpu_computes_bf16():
-        return []
-    return ["actor.dtype=float32", "extractor.dtype=float32", "warmstart.dtype=float32"]
-
-
 def run(args: argparse.Namespace) -> int:
     from crl_harness.commands import eval as eval_command
     from crl_harness.commands.checks import check_range, output_dir
@@ -114,8 +102,7 @@ def run(args: argparse.Namespace) -> int:
     check_range("--test-time-rounds", args.test_time_rounds, 1, MAX_TEST_TIME_ROUNDS)
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     try:  # OUT/NAME: the config's own name (run.output_dir's default is runs/${name})
-        cfg = load_config(args.config, [*bf16_fallback(), *args.overrides,
-                                        f"run.output_dir={out}/${{name}}"])
+        cfg = load_config(args.config, [*args.overrides, f"run.output_dir={out}/${{name}}"])
     except ConfigError as err:
         raise UserFacingError(f"--config{' and its settings' if args.overrides else ''}: "
                               f"{err}") from err

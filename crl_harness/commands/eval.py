@@ -29,6 +29,7 @@ from crl_harness.commands.checks import AGENT_SPECS, check_agent, check_range, o
 from crl_harness.commands.env_kwargs import check_env_kwargs, parse_env_kwargs
 from crl_harness.eval.folder import LOCK, RESULTS, SETTINGS, TRANSCRIPTS
 from crl_harness.models.base import KV_CACHE_TOKENS
+from crl_harness.models.hf_loading import BF16_IF_NATIVE
 
 if TYPE_CHECKING:
     from crl_wrappers.experience import Retriever
@@ -67,10 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-tokens", type=int, default=KV_CACHE_TOKENS,
                         help="hf and vllm agents: tokens of keys/values kept for reuse between "
                              "turns (least recently used evicted; SmolLM2-135M: 46 KB a token)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    parser.add_argument("--dtype", default="auto",
+                        choices=["auto", "float32", "bfloat16", "float16", BF16_IF_NATIVE],
                         help="hf and vllm agents: the weights' precision (auto: bfloat16 on a "
                              "GPU, float32 on a CPU; bfloat16 doubles a CPU's speed where it has "
-                             "AVX512-BF16 or AMX)")
+                             f"AVX512-BF16 or AMX, and {BF16_IF_NATIVE} picks it only there)")
     parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"],
                         help="hf agents: what generates, transformers (hf) or vLLM (adapters "
                              "merged); auto (default): vllm where it imports and runs here, else "

@@ -9,12 +9,14 @@ from typing import Optional
 from crl_harness.config.fields import bounded, choice
 from crl_harness.models.base import KV_CACHE_TOKENS
 from crl_harness.models.engines import engine_settings
+from crl_harness.models.hf_loading import BF16_IF_NATIVE
 
 __all__ = ["DTYPES", "LoRAConfig", "ActorConfig", "ExtractorConfig"]
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-"""the values of ``actor.dtype`` and ``extractor.dtype``"""
+DTYPES = ("auto", "float32", "bfloat16", "float16", BF16_IF_NATIVE)
+"""the values of ``actor.dtype`` and ``extractor.dtype`` (``bfloat16-if-native`` is made
+``bfloat16`` or ``float32`` when the config loads)"""
 
 
 @dataclass
@@ -57,7 +59,8 @@ class ActorConfig:
     ``auto``, vllm where it imports and runs here, else hf (``run.backend: ray``: hf), said in
     one line at the start (``crl_harness.models.engines``)"""
     dtype: str = choice(*DTYPES)
-    """weights the rollouts run with (auto: bfloat16 on CUDA, float32 on CPU); the optimiser
+    """weights the rollouts run with (auto: bfloat16 on CUDA, float32 on CPU; bfloat16-if-native:
+    bfloat16 on CUDA and on a CPU with AVX512-BF16 or AMX, float32 elsewhere); the optimiser
     keeps fp32 master weights and state whatever this is (``training.learner``)"""
     recompute_old_logprobs: Optional[bool] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
     """take the ratio's old log-probs from the learner's own pass instead of the sampler's

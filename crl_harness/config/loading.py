@@ -1,5 +1,6 @@
 """Loading a training configuration: a shipped name or a YAML path, merged over the schema's
-defaults by OmegaConf, then ``key=value`` overrides, then the checks of ``validation``.
+defaults by OmegaConf, then ``key=value`` overrides, then the checks of ``validation``; a
+setting ``bfloat16-if-native`` is then made the dtype this machine runs (``resolve_dtype``).
 
 Holds:
 - ``load_config``: the one entry point (``None``: the defaults);
@@ -23,6 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from crl_harness.assets import assets_dir
 from crl_harness.config.schema import TrainConfig
 from crl_harness.config.validation import SWITCHES, ConfigError, _check_switch, _validate
+from crl_harness.models.hf_loading import BF16_IF_NATIVE, resolve_dtype
 
 __all__ = [
     "load_config",
@@ -152,7 +154,23 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     except OmegaConfBaseException as err:
         raise ConfigError(f"{source}: {_omegaconf_message(err)}") from err
     _validate(cfg, source)
+    _resolve_bf16_if_native(cfg)
     return cfg
+
+
+def _resolve_bf16_if_native(cfg: TrainConfig) -> None:
+    """``bfloat16-if-native`` made ``bfloat16`` or ``float32`` for this machine, once, where the
+    config loads: every reader (the backends, the printed headers, a run's config.json) then
+    sees the dtype that runs."""
+    sections = [cfg.actor, cfg.extractor, cfg.warmstart]
+    if not any(s.dtype == BF16_IF_NATIVE for s in sections):
+        return
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for section in sections:
+        if section.dtype == BF16_IF_NATIVE:
+            section.dtype = resolve_dtype(section.dtype, device)
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:

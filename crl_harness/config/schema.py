@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from crl_harness.config.fields import bounded, choice
 from crl_harness.config.learners import DTYPES, ActorConfig, ExtractorConfig, LoRAConfig
+from crl_harness.models.hf_loading import BF16_IF_NATIVE
 
 __all__ = [
     "EnvEntry",
@@ -226,9 +227,10 @@ class WarmStartConfig:
     batch_size: int = bounded(8, ge=1)
     """samples per optimiser step"""
     lr: float = bounded(1.0e-3, gt=0, le=1)
-    dtype: str = choice("float32", "bfloat16", "auto")
+    dtype: str = choice("float32", "bfloat16", "auto", BF16_IF_NATIVE)
     """the base model's weights while the adapters (fp32, with their AdamW state) are fitted:
-    bfloat16 halves the fit's time on a CPU with AVX512-BF16 (the dtype the RL configs sample in)"""
+    bfloat16 halves the fit's time on a CPU with AVX512-BF16 (the dtype the RL configs sample in;
+    bfloat16-if-native: bfloat16 there and on CUDA, float32 elsewhere)"""
     lora: LoRAConfig = field(default_factory=lambda: LoRAConfig(
         enabled=True, r=16, alpha=32,
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))

@@ -106,6 +106,32 @@ def test_precision_and_extractor_reward_defaults_follow_the_paper():
         load_config("cpu-demo", ["actor.dtype=bf16"])
 
 
+@pytest.mark.parametrize(("native", "cuda", "dtype"), [
+    (True, False, "bfloat16"), (False, False, "float32"), (False, True, "bfloat16")])
+def test_bf16_if_native_is_the_dtype_this_machine_runs_once_the_config_loads(
+        monkeypatch, native, cuda, dtype):
+    """The CPU configs ask for bf16 only where it is native (an emulated bf16 ran a forward pass
+    4-6x slower than fp32): every reader, a run's config.json included, sees the dtype that
+    runs, and ``crl train cpu-demo`` needs no setting on a CPU without AVX512-BF16 or AMX."""
+    from crl_harness.config import config_to_dict
+    from crl_harness.models import hf_loading
+
+    monkeypatch.setattr(hf_loading, "cpu_computes_bf16", lambda: native)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: cuda)
+    for name in ("cpu-demo", "mix3-cpu", "mix6-cpu"):
+        cfg = load_config(name)
+        assert (cfg.actor.dtype, cfg.extractor.dtype) == (dtype, dtype), name
+        assert config_to_dict(cfg)["actor"]["dtype"] == dtype
+    assert load_config("mix3-cpu").warmstart.dtype == dtype
+    forced = load_config("cpu-demo", ["actor.dtype=float32", "warmstart.dtype=bfloat16-if-native"])
+    assert (forced.actor.dtype, forced.warmstart.dtype) == ("float32", dtype)
+
+
+def test_hardening_a_dtype_outside_the_list_names_the_values():
+    with pytest.raises(ConfigError, match="bfloat16-if-native"):
+        load_config("cpu-demo", ["actor.dtype=bf16-native"])
+
+
 @pytest.mark.parametrize("override, key", [
     (["actor.model=vllm:/models/qwen"], "actor.model"),
     (["actor.model=openai:http://localhost:8000/v1#qwen"], "actor.model"),

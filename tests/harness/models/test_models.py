@@ -339,6 +339,10 @@ def test_bf16_on_a_cpu_that_emulates_it_warns_and_says_what_to_set(monkeypatch, 
         assert hf_loading.resolve_dtype("bfloat16", "cpu") == "bfloat16"
         assert hf_loading.resolve_dtype("float32", "cpu") == "float32"
         assert hf_loading.resolve_dtype("bfloat16", "cuda:0") == "bfloat16"
+        # the setting that asks for bf16 only where it is native: never a warning
+        assert hf_loading.resolve_dtype("bfloat16-if-native", "cpu") == \
+            ("bfloat16" if native else "float32")
+        assert hf_loading.resolve_dtype("bfloat16-if-native", "cuda:0") == "bfloat16"
     messages = [str(w.message) for w in caught]
     assert messages == ([] if native else [messages[0]])
-    assert native or "emulated" in messages[0] and "float32 (actor.dtype" in messages[0]
+    assert native or "emulated" in messages[0] and "bfloat16-if-native (actor.dtype" in messages[0]
