@@ -85,8 +85,13 @@ def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, scri
     ("helper_thread_bench.py", ["--config", "no-such-config"], "no-such-config"),
     ("helper_thread_bench.py", ["--set", "arm=none"],
      "arm none has no extractor to run in a helper thread"),
+    ("key_coverage.py", ["--levels", "0"], "--levels must be in 1.."),
+    ("key_coverage.py", ["--levels", "10000000"], "--levels must be in 1.."),
+    ("key_coverage.py", ["--steps", "0"], "--steps must be in 1..1000"),
+    ("key_coverage.py", ["--set", "tasks.no_such_key=1"], "no_such_key"),
 ])
-def test_hardening_timing_bench_flags_are_usage_errors(script, flags, message):
+def test_hardening_benchmark_flags_are_usage_errors(script, flags, message):
+    """The benchmarks that write no ``--out``: a bad flag stops with a usage line."""
     done = subprocess.run([sys.executable, str(EFFICACY.parent / script), *flags],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
@@ -536,3 +541,17 @@ def test_hardening_guided_pairs_wants_run_folders_with_metrics(tmp_path, setup, 
                            str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_key_coverage_counts_the_held_out_levels_whose_key_training_plays():
+    """cpu-demo's first two steps play 6 pool levels (4 new, then 2 new and 2 revisits): the
+    held-out levels that share a key with them are a subset of those the whole pool covers."""
+    done = subprocess.run([sys.executable, str(EFFICACY.parent / "key_coverage.py"), "--levels",
+                           "24", "--steps", "2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "plays 6 levels of 6 keys" in lines[1]
+    schedule = int(lines[1].split(": ")[-1].split("/")[0])
+    pool = int(lines[2].split(": ")[-1].split("/")[0])
+    assert lines[2].startswith("the whole pool (32 levels of 32 keys)")
+    assert 0 < schedule <= pool <= 24

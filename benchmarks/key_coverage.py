@@ -1,0 +1,84 @@
+"""Key coverage: how many held-out levels share a retrieval key with a level training plays?
+
+    .venv/bin/python benchmarks/key_coverage.py                          # cpu-demo, 96 levels
+    .venv/bin/python benchmarks/key_coverage.py --set tasks.groups_per_step=8 \\
+        --set tasks.group_size=4 --set tasks.guided_per_group=2 --set tasks.new_per_step=4
+
+A bank built in training can lift an unseen level only through a lesson of that level's key
+(with exact keys, as MiniHack's and Sokoban's, a level of another key gets nothing). So the
+levels the schedule plays bound what held-out-with-the-bank can show before any lesson is
+written. Model-free, seconds: every level is reset once to read its key
+(``info["retrieval_query"]``); the schedule is the trainer's own ``TaskSampler`` over
+``run.steps`` (``--steps``). Printed for the config's first env: the held-out levels (from
+``tasks.heldout_offset``, as ``crl demo`` and ``efficacy.py`` evaluate them) whose key a level
+the schedule plays holds, and the same for the whole pool (every level played once).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+MAX_STEPS = 1000
+MAX_POOL = 1000  # a larger pool (a seed range) is not reset level by level: its line is left out
+
+
+def main() -> None:
+    from crl_harness.config import HELDOUT_RESERVED, ConfigError, load_config
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="cpu-demo")
+    parser.add_argument("--levels", type=int, default=96,
+                        help=f"held-out levels (1..{HELDOUT_RESERVED})")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"training steps the schedule runs (1..{MAX_STEPS}; default run.steps)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override (repeatable)")
+    args = parser.parse_args()
+    if not 1 <= args.levels <= HELDOUT_RESERVED:
+        parser.error(f"--levels must be in 1..{HELDOUT_RESERVED}")
+    if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
+        parser.error(f"--steps must be in 1..{MAX_STEPS}")
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as err:
+        parser.error(str(err))
+
+    import gymnasium as gym
+
+    import crl_envs  # noqa: F401 (registers the CRL/ ids)
+    from crl_harness.training.sampler import TaskSampler
+
+    entry = cfg.tasks.envs[0]
+    env = gym.make(entry.id, **dict(entry.kwargs))
+
+    def key(seed: int) -> str:
+        _, info = env.reset(seed=seed, options=dict(entry.options) or None)
+        return str(info.get("retrieval_query", ""))
+
+    steps = args.steps or cfg.run.steps
+    sampler = TaskSampler(cfg.tasks, cfg.run.seed)
+    played = {d.seed for step in range(1, steps + 1) for d in sampler.sample(step)
+              if d.env_index == 0}
+    seeds = cfg.tasks.training_seeds()
+    whole = len(seeds) <= MAX_POOL
+    pool = {seed: key(seed) for seed in (set(seeds) if whole else played)}
+    offset = cfg.tasks.heldout_offset
+    heldout = [key(seed) for seed in range(offset, offset + args.levels)]
+    env.close()
+
+    def covered(seeds: set[int]) -> int:
+        keys = {pool[s] for s in seeds}
+        return sum(k in keys for k in heldout)
+
+    print(f"{args.config} ({entry.id}), run.seed {cfg.run.seed}: {args.levels} held-out levels "
+          f"from {offset}, {len(set(heldout))} distinct keys")
+    print(f"the schedule ({cfg.tasks.schedule}, {cfg.tasks.groups_per_step} groups a step, "
+          f"{steps} steps) plays {len(played)} levels of {len({pool[s] for s in played})} keys: "
+          f"{covered(played)}/{args.levels} held-out levels share a key with one of them")
+    if whole:
+        print(f"the whole pool ({len(pool)} levels of {len(set(pool.values()))} keys): "
+              f"{covered(set(pool))}/{args.levels}")
+
+
+if __name__ == "__main__":
+    main()
