@@ -328,6 +328,14 @@ def _lora_learner(directory, share_prefix: bool) -> PolicyLearner:
     return learner
 
 
+def _assert_same_step(after_whole: dict, after_shared: dict) -> None:
+    """The two learners' weights after one step agree within 0.1% of a step (lr 1e-2): AdamW
+    divides by sqrt(v), so an element whose gradient is near 0 moves by an amount that float
+    rounding changes (1.2e-6 on an AMD EPYC with AVX2 only)."""
+    for key, value in after_whole.items():
+        assert torch.allclose(after_shared[key], value, atol=1e-5), key
+
+
 def test_shared_prefix_gives_the_whole_rows_update(tmp_path):
     """The rows' common first tokens forward-passed once: the same log-probs, loss, statistics
     and step as whole rows, packed and per-turn rows mixed over several micro-batches."""
@@ -359,8 +367,7 @@ def test_shared_prefix_gives_the_whole_rows_update(tmp_path):
     after_whole, after_shared = whole.trainable_state_dict(), shared.trainable_state_dict()
     assert after_whole.keys() == after_shared.keys()
     before = _lora_learner(directory, True).trainable_state_dict()  # a fresh copy's weights
-    for key, value in after_whole.items():
-        assert torch.allclose(after_shared[key], value, atol=1e-6), key
+    _assert_same_step(after_whole, after_shared)
     assert max(float((after_shared[k] - before[k]).abs().max()) for k in before) > 1e-4
 
 
@@ -406,8 +413,7 @@ def test_rows_that_share_first_tokens_forward_them_once(tmp_path, monkeypatch):
     assert stats_shared.grad_norm == pytest.approx(stats_whole.grad_norm, rel=1e-5)
     assert stats_shared.loss == pytest.approx(stats_whole.loss, abs=1e-6)
     after_whole, after_shared = whole.trainable_state_dict(), shared.trainable_state_dict()
-    for key, value in after_whole.items():
-        assert torch.allclose(after_shared[key], value, atol=1e-6), key
+    _assert_same_step(after_whole, after_shared)
 
 
 def test_shared_prefix_only_where_it_is_common_long_and_leaves_a_prompt_token(tmp_path):
