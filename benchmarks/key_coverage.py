@@ -45,10 +45,13 @@ def main() -> None:
 
     import gymnasium as gym
 
-    import crl_envs  # noqa: F401 (registers the CRL/ ids)
+    from crl_envs import exact_retrieval_key
     from crl_harness.training.sampler import TaskSampler
 
     entry = cfg.tasks.envs[0]
+    if not exact_retrieval_key(entry.id):
+        parser.error(f"{entry.id} has no exact retrieval key (MiniHack and Sokoban have): a lesson "
+                     "there is found by similarity, so its reach is not a count of shared keys")
     env = gym.make(entry.id, **dict(entry.kwargs))
 
     def key(seed: int) -> str:

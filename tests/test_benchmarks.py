@@ -89,6 +89,7 @@ def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, scri
     ("key_coverage.py", ["--levels", "10000000"], "--levels must be in 1.."),
     ("key_coverage.py", ["--steps", "0"], "--steps must be in 1..1000"),
     ("key_coverage.py", ["--set", "tasks.no_such_key=1"], "no_such_key"),
+    ("key_coverage.py", ["--config", "webshop"], "has no exact retrieval key"),
 ])
 def test_hardening_benchmark_flags_are_usage_errors(script, flags, message):
     """The benchmarks that write no ``--out``: a bad flag stops with a usage line."""
