@@ -18,12 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from crl_harness.eval.intervals import PairedDifference, paired_difference
 
-__all__ = ["evaluate_levels", "load_actor", "env_cases", "paired", "pooled", "model_hash", "default_cache"]
+__all__ = ["evaluate_levels", "lesson_free_twins", "load_actor", "env_cases", "paired", "pooled", "model_hash", "default_cache"]
 
 _CACHE_FORMAT = 4  # bump when what a cached outcome means changes (2: the dtype in the key;
 # 3: a bf16 adapter keeps fp32 rotary frequencies, so its greedy outcomes may differ; 4: a
@@ -147,7 +148,10 @@ def evaluate_levels(cfg: Any, actor: str,
     folder), the outcomes of a case without the bank are read from it when there, and written to
     it once played (``refresh``: played even when cached, and the cache rewritten). ``dtype``:
     the weights' dtype of an ``hf:`` actor (part of the cache key); it plays on the engine that
-    ``cfg`` rolls out with (``load_actor``)."""
+    ``cfg`` rolls out with (``load_actor``). A level of a case with the bank whose reset
+    retrieves nothing, and that a case without the bank plays now on the same env, is played once
+    (``lesson_free_twins``): its outcome and report entry are its twin's, and its report's
+    ``meta.twin_seeds`` lists such levels."""
     from crl_harness.eval import evaluate, write_report
     from crl_harness.rollout import EpisodeSpec, RolloutConfig
 
@@ -171,7 +175,7 @@ def evaluate_levels(cfg: Any, actor: str,
         if path is not None and path.exists() and not refresh:
             outcomes[name] = {int(s): won for s, won in json.loads(path.read_text()).items()}
         else:
-            to_play[name] = (seeds, with_bank, path, entry)
+            to_play[name] = (seeds, with_bank, path, index[0] if index else 0)
     if not to_play:
         return outcomes
 
@@ -186,9 +190,13 @@ def evaluate_levels(cfg: Any, actor: str,
         # the run's retrieval (its floor at exact keys, its re-rank), as its rollouts retrieved
         manager = ExperienceManager(ExperienceBank(bank, read_only=True), config=ManagerConfig.from_config(
             cfg.experience, cfg.exact_key_envs(), seed=cfg.run.seed))
+    twins = lesson_free_twins(cfg, rollout, bank, to_play) if manager is not None else {}
     specs, case_of = [], []  # an episode's group id is its place here, so cases never mix
-    for name, (seeds, with_bank, _, entry) in to_play.items():
+    for name, (seeds, with_bank, _, index) in to_play.items():
+        entry = cfg.tasks.envs[index]
         for seed in seeds:
+            if seed in twins.get(name, {}):
+                continue
             specs.append(EpisodeSpec(entry.id, seed, group_id=len(specs),
                                      use_experience=with_bank and manager is not None,
                                      options=dict(entry.options) or None))
@@ -205,10 +213,13 @@ def evaluate_levels(cfg: Any, actor: str,
         if manager is not None:
             manager.close()
             manager.bank.close()  # the manager leaves the bank to whoever opened it
+    played_by = {(case_of[t.group_id], t.seed): t for t in trajectories}
     for name, (seeds, _, path, _) in to_play.items():
-        played = sorted((t for t in trajectories if case_of[t.group_id] == name),
-                        key=lambda t: t.group_id)
-        write_report(out / name / "report.json", played, meta={"agent": actor, "seeds": seeds})
+        from_twin = twins.get(name, {})
+        played = [replace(played_by[(from_twin[s], s)], use_experience=True) if s in from_twin
+                  else played_by[(name, s)] for s in seeds]
+        write_report(out / name / "report.json", played,
+                     meta={"agent": actor, "seeds": seeds, "twin_seeds": sorted(from_twin)})
         outcomes[name] = {t.seed: bool(t.won) for t in played if not t.error}
         if path is not None and len(outcomes[name]) == len(seeds):  # env failures: not kept
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,3 +227,44 @@ def evaluate_levels(cfg: Any, actor: str,
             tmp.write_text(json.dumps({str(s): won for s, won in outcomes[name].items()}))
             os.replace(tmp, path)
     return outcomes
+
+
+def lesson_free_twins(cfg: Any, rollout: Any, bank: Path,
+                      cases: dict[str, tuple[list[int], bool, Any, int]]) -> dict[str, dict[int, str]]:
+    """For each case with the bank (``cases``: name: seeds, with the bank, cache path, env index),
+    its levels whose reset retrieves nothing from ``bank`` and that a case without the bank plays
+    on the same env: level -> that case. Such a level's greedy episode sees the prompt its twin
+    sees, so ``evaluate_levels`` plays it once (on exact keys, 58 of the demo's 96 held-out levels
+    have no lesson of their key). Each reset asks a manager of its own: an empty retrieval
+    depends on the bank alone, and the manager that plays keeps its random state."""
+    from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
+    from crl_harness.rollout.episode import make_env
+
+    free: dict[tuple[int, int], str] = {}
+    for name, (seeds, with_bank, _, index) in cases.items():
+        if not with_bank:
+            free.update({(index, seed): name for seed in seeds if (index, seed) not in free})
+    asked = {name: [(s, free[(index, s)]) for s in seeds if (index, s) in free]
+             for name, (seeds, with_bank, _, index) in cases.items() if with_bank}
+    if not any(asked.values()):
+        return {}
+    probe = ExperienceManager(ExperienceBank(bank, read_only=True), config=ManagerConfig.from_config(
+        cfg.experience, cfg.exact_key_envs(), seed=cfg.run.seed))
+    twins: dict[str, dict[int, str]] = {}
+    try:
+        for name, pairs in asked.items():
+            entry = cfg.tasks.envs[cases[name][3]]
+            env = make_env(entry.id, probe, rollout.experience.k,
+                           **rollout.env_kwargs.get(entry.id, {}))
+            try:
+                for seed, twin in pairs:
+                    _, info = env.reset(seed=seed, options={**dict(entry.options or {}),
+                                                            "use_experience": True})
+                    if not info.get("experience_ids"):
+                        twins.setdefault(name, {})[seed] = twin
+            finally:
+                env.close()
+    finally:
+        probe.close()
+        probe.bank.close()
+    return twins

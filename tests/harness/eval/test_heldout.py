@@ -7,6 +7,7 @@ caches as any actor does.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,45 @@ def test_warm_start_cache_is_free_the_second_time_and_invalidated_by_the_adapter
     assert plays == [2, 2, 2]  # as are other env kwargs
     before(dtype="bfloat16")
     assert plays == [2, 2, 2, 2]  # and another dtype of the weights (crl demo's bf16)
+
+
+def test_a_level_the_bank_has_no_lesson_for_is_played_once_and_counts_for_both_cases(
+        model, tmp_path, monkeypatch):
+    import gymnasium as gym
+
+    from crl_harness import eval as eval_module
+    from crl_harness.eval.heldout import evaluate_levels
+    from crl_harness.experience import ExperienceBank
+
+    covered, bare = 50_000_000, 50_000_001
+    env = gym.make("CRL/Sokoban-v0", max_episode_steps=2)
+    key = env.reset(seed=covered)[1]["retrieval_query"]
+    env.close()
+    bank = ExperienceBank(tmp_path / "bank.sqlite")
+    bank.add("CRL/Sokoban-v0", key, "Push the lower box east first.")
+    bank.close()
+    plays = []
+    evaluate = eval_module.evaluate
+    monkeypatch.setattr(eval_module, "evaluate",
+                        lambda agent, specs, **k: plays.append(
+                            sorted((s.seed, s.use_experience) for s in specs))
+                        or plays.append(evaluate(agent, specs, **k)) or plays[-1])
+    cfg = load_config(None, _overrides(model, tmp_path / "run"))
+    both = evaluate_levels(cfg, f"hf:{model}", {"free": ([covered, bare], False),
+                                                 "guided": ([covered, bare], True)},
+                           tmp_path / "out", bank=tmp_path / "bank.sqlite")
+    # the level with a lesson is played guided; the one without, once, for both cases
+    assert plays[0] == [(covered, False), (covered, True), (bare, False)]
+    assert both["guided"][bare] == both["free"][bare] and set(both["guided"]) == {covered, bare}
+    report = json.loads((tmp_path / "out" / "guided" / "report.json").read_text())
+    assert report["meta"]["twin_seeds"] == [bare] and report["envs"][0]["episodes"] == 2
+    guided_played = {t.seed: t for t in plays[1]}
+    assert guided_played[covered].experience_ids  # the lesson was shown
+    # why the twin stands: alone, the lesson-free level's guided episode sees the free prompt
+    evaluate_levels(cfg, f"hf:{model}", {"guided": ([bare], True)}, tmp_path / "alone",
+                    bank=tmp_path / "bank.sqlite")
+    alone = plays[3][0]
+    assert alone.use_experience and not alone.experience_ids
+    assert alone.system == guided_played[bare].system
+    assert [t.prompt_token_ids + t.token_ids for t in alone.turns] == \
+        [t.prompt_token_ids + t.token_ids for t in guided_played[bare].turns]
