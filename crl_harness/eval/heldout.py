@@ -234,8 +234,9 @@ def lesson_free_twins(cfg: Any, rollout: Any, bank: Path,
     """For each case with the bank (``cases``: name: seeds, with the bank, cache path, env index),
     its levels whose reset retrieves nothing from ``bank`` and that a case without the bank plays
     on the same env: level -> that case. Such a level's greedy episode sees the prompt its twin
-    sees, so ``evaluate_levels`` plays it once (on exact keys, 58 of the demo's 96 held-out levels
-    have no lesson of their key). Each reset asks a manager of its own: an empty retrieval
+    sees, so ``evaluate_levels`` plays it once (the levels cpu-demo trains on hold the keys of 38
+    of its 96 held-out levels, ``benchmarks/key_coverage.py``: the other 58 retrieve nothing).
+    Each reset asks a manager of its own: an empty retrieval
     depends on the bank alone, and the manager that plays keeps its random state."""
     from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
     from crl_harness.rollout.episode import make_env
