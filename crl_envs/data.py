@@ -20,7 +20,8 @@ from pathlib import Path
 
 from crl_envs.errors import UserFacingError
 
-__all__ = ["DataNotFoundError", "Source", "SOURCES", "resolve_data", "fetch", "cache_dir"]
+__all__ = ["DataNotFoundError", "Source", "SOURCES", "resolve_data", "fetch", "cache_dir",
+           "hub_offline", "hub_reachable"]
 
 
 class DataNotFoundError(UserFacingError, FileNotFoundError):
@@ -148,3 +149,25 @@ def fetch(name: str, dest: str | os.PathLike | None = None, force: bool = False)
         os.replace(tmp.name, out)  # atomic: a crash never leaves a half file under the real name
     return target
 
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` tells the Hugging Face libraries to read their caches only."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub (``$HF_ENDPOINT``, default huggingface.co) answers a TCP
+    connection within ``timeout`` seconds; False under ``HF_HUB_OFFLINE=1``."""
+    import socket
+    from urllib.parse import urlparse
+
+    if hub_offline():
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co",
+                                       url.port or (80 if url.scheme == "http" else 443)),
+                                      timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from crl_envs.data import DataNotFoundError, resolve_data
+from crl_envs.data import DataNotFoundError, hub_offline, hub_reachable, resolve_data
 from crl_envs.errors import MissingExtraError
 
 __all__ = ["UPSTREAM_ID", "TOY_DIR", "VERIFIED_FILE", "load_instances", "read_task_ids"]
@@ -87,6 +87,14 @@ def load_instances(dataset: str = "verified", data_dir: str | os.PathLike | None
         name = str(TOY_DIR / "task.json")
     elif dataset == "verified":
         name = _verified_source(data_dir)
+        if name == UPSTREAM_ID and not hub_offline() and not hub_reachable():
+            # the datasets library would retry the hub five times (about 30 s, ten lines)
+            raise DataNotFoundError(
+                f"SWE-bench Verified is not on this machine and the hub does not answer here "
+                f"({os.environ.get('HF_ENDPOINT') or 'huggingface.co'}). Run `crl data fetch "
+                f"swebench` where it does, or set $CRL_DATA_DIR to a folder holding "
+                f"swebench/{VERIFIED_FILE} (a copy in the datasets cache loads with "
+                "HF_HUB_OFFLINE=1).")
     else:
         name = str(dataset)
     try:

@@ -6,7 +6,8 @@ Holds:
   folder (its base loaded, the adapter merged) or a hub id, with one clear error for each failure.
 - ``resolve_device`` / ``resolve_dtype``: what ``device="auto"``, ``dtype="auto"`` and
   ``dtype="bfloat16-if-native"`` (``BF16_IF_NATIVE``) mean here.
-- ``hub_reachable``: whether the Hugging Face hub answers (else only its local cache is read).
+- ``hub_reachable`` (``crl_envs.data``'s): whether the Hugging Face hub answers (else only its
+  local cache is read).
 - ``cpu_computes_bf16``: whether this CPU multiplies bfloat16 natively.
 - ``import_torch_transformers``: both libraries, or one error that says how to install them.
 """
@@ -18,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from crl_envs.data import hub_reachable
 from crl_harness.models.base import BackendUnavailableError, ModelLoadError, ModelNotFoundError
 from crl_harness.models.model_folder import adapter_base, check_model_folder, is_adapter_folder
 
@@ -85,24 +87,6 @@ def resolve_dtype(dtype: str, device: str) -> str:
     if dtype != "auto":
         return dtype
     return "bfloat16" if device.startswith("cuda") else "float32"
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub (``$HF_ENDPOINT``, default huggingface.co) answers a TCP
-    connection within ``timeout`` seconds; False under ``HF_HUB_OFFLINE=1``."""
-    import socket
-    from urllib.parse import urlparse
-
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return False
-    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    try:
-        with socket.create_connection((url.hostname or "huggingface.co",
-                                       url.port or (80 if url.scheme == "http" else 443)),
-                                      timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def cpu_computes_bf16() -> bool:

@@ -64,3 +64,30 @@ def test_read_task_ids_forms(tmp_path):
     listed = tmp_path / "ids"
     listed.write_text("a  # first\n\nb\n")
     assert read_task_ids(listed) == ["a", "b"]
+
+
+def test_hardening_verified_without_data_or_a_hub_fails_at_once_in_one_line(tmp_path, monkeypatch):
+    """No local copy and a hub that does not answer: one line at once, not the datasets
+    library's five retries (about 30 s and ten lines of `crl demo`'s output on such a machine)."""
+    import time
+
+    from crl_envs.data import DataNotFoundError
+    from crl_envs.swebench import data
+
+    monkeypatch.setenv("CRL_DATA_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("CRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing answers
+    monkeypatch.setattr(data, "_verified_source", lambda data_dir: data.UPSTREAM_ID)
+    monkeypatch.setattr(data, "_load", lambda name: pytest.fail("the hub was asked"))
+    start = time.monotonic()
+    with pytest.raises(DataNotFoundError) as err:
+        load_instances("verified")
+    assert time.monotonic() - start < 5
+    message = str(err.value)
+    assert "\n" not in message and "crl data fetch swebench" in message
+    assert "127.0.0.1:9" in message and "HF_HUB_OFFLINE=1" in message
+    # told to read the datasets cache only, it does not probe the hub: the loader reads it
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(data, "_load", lambda name: ({"instance_id": "a__b-1"},))
+    assert [row["instance_id"] for row in load_instances("verified")] == ["a__b-1"]
