@@ -192,7 +192,7 @@ def _models(cfg: Any, problems: list[str]) -> tuple[list[ModelPlan], Any]:
     """The models of ``cfg`` and the actor's tokenizer (None when the actor cannot be found)."""
     import torch
 
-    from crl_harness.models.hf import resolve_dtype
+    from crl_harness.models.hf_loading import resolve_device, resolve_dtype
 
     roles = [("actor", cfg.actor.model, True)]
     if cfg.uses_experience:
@@ -218,7 +218,7 @@ def _models(cfg: Any, problems: list[str]) -> tuple[list[ModelPlan], Any]:
             if line not in problems:  # the extractor "same" as a missing actor: said once
                 problems.append(line)
             continue
-        dtype = resolve_dtype(section.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+        dtype = resolve_dtype(section.dtype, resolve_device(torch, "auto"))
         n_trained = (adapters if section.lora.enabled else params) if trained else 0
         kv_tokens = cfg.kv_cache_tokens(role)
         where = source + (f"#{extra['gguf_file']}" if extra else "")

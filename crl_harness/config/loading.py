@@ -24,7 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from crl_harness.assets import assets_dir
 from crl_harness.config.schema import TrainConfig
 from crl_harness.config.validation import SWITCHES, ConfigError, _check_switch, _validate
-from crl_harness.models.hf_loading import BF16_IF_NATIVE, resolve_dtype
+from crl_harness.models.hf_loading import BF16_IF_NATIVE, resolve_device, resolve_dtype
 
 __all__ = [
     "load_config",
@@ -167,7 +167,7 @@ def _resolve_bf16_if_native(cfg: TrainConfig) -> None:
         return
     import torch
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(torch, "auto")  # no config setting names a device
     for section in sections:
         if section.dtype == BF16_IF_NATIVE:
             section.dtype = resolve_dtype(section.dtype, device)

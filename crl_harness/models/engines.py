@@ -86,11 +86,10 @@ def _load_hf(spec: str, *, dtype: str, kv_cache_tokens: int, seed: int) -> Any:
 def _load_vllm(spec: str, *, dtype: str, kv_cache_tokens: int, seed: int) -> Any:
     import torch
 
-    from crl_harness.models.hf import resolve_dtype
+    from crl_harness.models.hf_loading import resolve_device, resolve_dtype
     from crl_harness.models.registry import load_backend
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return load_backend(spec, dtype=resolve_dtype(dtype, device), max_context=None,
+    return load_backend(spec, dtype=resolve_dtype(dtype, resolve_device(torch, "auto")), max_context=None,
                         kv_cache_tokens=kv_cache_tokens, seed=seed)
 
 

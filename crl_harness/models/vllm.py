@@ -29,7 +29,7 @@ from crl_harness.models.base import (
     encode_chat,
     stop_token_ids,
 )
-from crl_harness.models.hf_loading import BF16_IF_NATIVE, resolve_dtype
+from crl_harness.models.hf_loading import BF16_IF_NATIVE, resolve_device, resolve_dtype
 from crl_harness.models.kv_cache import KVLayout
 
 __all__ = ["VLLMBackend", "engine_kv_gib", "vllm_available"]
@@ -102,7 +102,7 @@ class VLLMBackend:
         if dtype == BF16_IF_NATIVE:  # vLLM's own "auto" is the checkpoint's dtype: left to it
             import torch
 
-            dtype = resolve_dtype(dtype, "cuda" if torch.cuda.is_available() else "cpu")
+            dtype = resolve_dtype(dtype, resolve_device(torch, "auto"))
         path = source = Path(path).expanduser()
         # vLLM loads checkpoints, not adapters: an adapter is merged into its base, in a folder that
         # lives only while the engine loads it (vLLM reads nothing from it afterwards), so a
