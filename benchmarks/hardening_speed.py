@@ -4,7 +4,9 @@ The tests check what these cases return (no block found, a refusal, one error li
 checks how fast, against the bounds the tests once asserted, which a busy 2-core machine can
 miss. A parser that backtracks takes seconds on these inputs where a linear one takes
 milliseconds; an ``hf:`` hub id on a machine without the hub fails at once from the local cache
-where transformers alone retried the hub for about a minute. Each figure is the median of
+where transformers alone retried the hub for about a minute; SWE-bench Verified with no local copy
+and no hub fails at once where the datasets library retried the hub for about 30 s. Each figure
+is the median of
 ``--repeats`` runs; the script exits 1 when one is over its bound. The hub case needs the
 ``train`` extra (torch, transformers) and is left out, with the reason, without it.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
 import tempfile
@@ -66,6 +69,29 @@ def hub_id_without_the_hub() -> None:
     raise AssertionError("a model that does not exist was loaded")
 
 
+def verified_without_data_or_hub() -> None:
+    """SWE-bench Verified with no local copy and a hub that does not answer (the discard port):
+    one ``DataNotFoundError``."""
+    from crl_envs.data import DataNotFoundError
+    from crl_envs.swebench import data
+
+    source, saved = data._verified_source, {k: os.environ.pop(k, None)
+                                            for k in ("HF_ENDPOINT", "HF_HUB_OFFLINE")}
+    data._verified_source = lambda data_dir: data.UPSTREAM_ID  # as where no copy is found
+    os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+    try:
+        data.load_instances("verified")
+    except DataNotFoundError:
+        return
+    finally:
+        data._verified_source = source
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
+    raise AssertionError("SWE-bench Verified loaded without its data or the hub")
+
+
 def median_seconds(run: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -85,6 +111,7 @@ def run_cases(box: LocalSandbox, repeats: int) -> int:
         ("parse_answer_text, 64 KB", lambda: parse_answer_text(_long("<answer>" * 8_000)), 0.1),
         ("parse_ask, 64 KB", lambda: parse_ask(_long("<think>" + "</think>" * 8_000)), 0.1),
         ("4 pathological tool calls", lambda: tool_calls(Tools(box)), 2.0),
+        ("SWE-bench Verified, no data, no hub", verified_without_data_or_hub, 5.0),
     ]
     if importlib.util.find_spec("transformers") is None:
         print("hf: hub id without the hub: left out, transformers is not installed "
@@ -93,11 +120,11 @@ def run_cases(box: LocalSandbox, repeats: int) -> int:
         hub_id_without_the_hub()  # once before timing: imports torch and transformers
         cases.append(("hf: hub id without the hub", hub_id_without_the_hub, 20.0))
     over = 0
-    print(f"{'case':<30} {'median s':>9} {'bound s':>8}")
+    print(f"{'case':<36} {'median s':>9} {'bound s':>8}")
     for name, run, bound in cases:
         seconds = median_seconds(run, repeats)
         over += seconds >= bound
-        print(f"{name:<30} {seconds:>9.4f} {bound:>8g}{'  OVER' if seconds >= bound else ''}",
+        print(f"{name:<36} {seconds:>9.4f} {bound:>8g}{'  OVER' if seconds >= bound else ''}",
               flush=True)
     return over
 
