@@ -236,8 +236,8 @@ def lesson_free_twins(cfg: Any, rollout: Any, bank: Path,
     on the same env: level -> that case. Such a level's greedy episode sees the prompt its twin
     sees, so ``evaluate_levels`` plays it once (the levels cpu-demo trains on hold the keys of 38
     of its 96 held-out levels, ``benchmarks/key_coverage.py``: the other 58 retrieve nothing).
-    Each reset asks a manager of its own: an empty retrieval
-    depends on the bank alone, and the manager that plays keeps its random state."""
+    Each reset asks a manager of its own: an empty retrieval depends on the bank alone, and the
+    manager that plays keeps its random state."""
     from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
     from crl_harness.rollout.episode import make_env
 
