@@ -6,9 +6,8 @@ miss. A parser that backtracks takes seconds on these inputs where a linear one 
 milliseconds; an ``hf:`` hub id on a machine without the hub fails at once from the local cache
 where transformers alone retried the hub for about a minute; SWE-bench Verified with no local copy
 and no hub fails at once where the datasets library retried the hub for about 30 s. Each figure
-is the median of
-``--repeats`` runs; the script exits 1 when one is over its bound. The hub case needs the
-``train`` extra (torch, transformers) and is left out, with the reason, without it.
+is the median of ``--repeats`` runs; the script exits 1 when one is over its bound. The hub case
+needs the ``train`` extra (torch, transformers) and is left out, with the reason, without it.
 
     .venv/bin/python benchmarks/hardening_speed.py [--repeats 5]
 """
