@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--compare", choices=("sharing", "attention"), default="sharing",
                         help="sharing: shared prefix vs whole rows (default); attention: "
                              "continuation_attention vs SDPA, both sharing")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config override (repeatable)")
     args = parser.parse_args()
     if not 1 <= args.steps <= 20 or not 1 <= args.repeats <= 20:

@@ -159,7 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="a training run's folder (config.json, "
                                                   "bank.sqlite)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="key=value",
                         help="overrides of the run's config, e.g. experience.min_query_coverage=1")
     args = parser.parse_args()
     config, bank_file = args.run_dir / "config.json", args.run_dir / "bank.sqlite"

@@ -377,7 +377,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=ARMS)
-    parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="key=value",
                         help="config overrides for every arm")
     parser.add_argument("--out", default=None,
                         help="the output folder (default a new runs/efficacy-TIMESTAMP; "

@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--levels", type=int, default=32, help="pool levels (2..256)")
     parser.add_argument("--episodes-per-level", type=int, default=2, help="per arm (1..16)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed, the same in each arm")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config overrides, e.g. actor.temperature=0.7")
     args = parser.parse_args()
     for name, low, high in (("levels", 2, 256), ("episodes_per_level", 1, 16)):

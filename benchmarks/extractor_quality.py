@@ -258,7 +258,7 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "auto"),
                         help="the extractor's weights (default: the config's extractor.dtype, "
                              "what training samples with)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="key=value",
                         help="config overrides, e.g. extractor.rollout_engine=vllm")
     parser.add_argument("--replay-levels", type=int, default=0,
                         help="replay each greedy add answer's lesson on this many unseen levels "

@@ -69,7 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="cpu-demo")
     parser.add_argument("--repeats", type=int, default=2, help="timings per side (1..10)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config override (repeatable)")
     args = parser.parse_args()
     if not 1 <= args.repeats <= 10:

@@ -31,7 +31,7 @@ def main() -> None:
                         help=f"held-out levels (1..{HELDOUT_RESERVED})")
     parser.add_argument("--steps", type=int, default=None,
                         help=f"training steps the schedule runs (1..{MAX_STEPS}; default run.steps)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config override (repeatable)")
     args = parser.parse_args()
     if not 1 <= args.levels <= HELDOUT_RESERVED:

@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--eval-at", type=int, nargs="+", default=[4, 8, 12],
                         help="steps whose checkpoint plays the held-out levels")
     parser.add_argument("--levels", type=int, default=64, help="held-out levels (default 64)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="key=value")
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="key=value")
     parser.add_argument("--dtype", default=None, help="weights of the evaluations")
     parser.add_argument("--out", default=None, help="a new folder (default runs/pilot-TIMESTAMP)")
     args = parser.parse_args()

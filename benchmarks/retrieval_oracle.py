@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=64, help="guided episodes (1..4096)")
     parser.add_argument("--print-seeds", action="store_true",
                         help="print the distinct pool as a tasks.seeds override and stop")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config overrides, e.g. tasks.groups_per_step=4")
     args = parser.parse_args()
     for name, low, high in (("levels", 1, 256), ("episodes", 1, 4096)):

@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--config", default="cpu-demo")
     parser.add_argument("--levels", type=int, default=16, help="levels played twice (2..128)")
     parser.add_argument("--out", type=Path, default=Path("runs/revisit-check"))
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config overrides, e.g. actor.rollout_engine=vllm")
     args = parser.parse_args()
     if not 2 <= args.levels <= 128:

@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--episodes", type=int, default=16, help="episodes a step (groups of 4)")
     parser.add_argument("--turns", type=int, default=3, help="max_episode_steps of the task")
-    parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="key=value",
                         help="more config overrides (e.g. actor.lr=1e-6)")
     parser.add_argument("--out", default=None,
                         help="a new run directory (default runs/reward-response-TIMESTAMP)")

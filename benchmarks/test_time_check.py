@@ -39,7 +39,7 @@ def main() -> None:
                         help="at most this many levels of a retrieval key, each in a round of "
                              "its own (1..8; default unseen.ROUNDS, 3)")
     parser.add_argument("--out", type=Path, default=Path("runs/test-time-check"))
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config overrides, e.g. actor.rollout_engine=vllm")
     args = parser.parse_args()
     if not 2 <= args.levels <= 4096:

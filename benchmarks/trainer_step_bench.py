@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", default="cpu-demo")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per side (>= 2)")
     parser.add_argument("--sides", default="hf,vllm", help=f"comma-separated, of {', '.join(SIDES)}")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config override for both sides (repeatable)")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # a child process: run this side only
     return parser

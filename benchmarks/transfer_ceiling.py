@@ -61,7 +61,7 @@ def main() -> None:
                              f"(0..{MAX_SAMPLES})")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed, the same in each case")
     parser.add_argument("--out", type=Path, default=Path("runs/transfer-ceiling"))
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config overrides, e.g. actor.rollout_engine=vllm")
     args = parser.parse_args()
     if not 2 <= args.levels <= MAX_LEVELS:

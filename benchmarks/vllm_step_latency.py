@@ -43,7 +43,7 @@ def main() -> None:
     quiet_third_party()  # as crl's commands (HF_HUB_DISABLE_PROGRESS_BARS=0 shows the bars)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="cpu-demo")
-    parser.add_argument("--set", nargs="*", default=[], metavar="key=value",
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="key=value",
                         help="config overrides (the actor, its dtype, its KV cache)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 18, 32],
                         help="sequences generated at once (1..256 each, at most 8 sizes)")

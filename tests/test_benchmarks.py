@@ -99,6 +99,34 @@ def test_hardening_benchmark_flags_are_usage_errors(script, flags, message):
     assert message in done.stderr
 
 
+
+@pytest.mark.parametrize(("script", "writes_out"), [
+    (EFFICACY, True), (PILOT, True), (QUALITY, True), (LATENCY, True), (TRANSFER, True),
+    (TEST_TIME, True), (EFFICACY.parent / "actor_update_bench.py", False),
+    (EFFICACY.parent / "helper_thread_bench.py", False), (EFFICACY.parent / "key_coverage.py", False),
+])
+@pytest.mark.parametrize("form", ["repeated", "listed"])
+def test_hardening_every_set_override_reaches_the_config(tmp_path, script, writes_out, form):
+    """``--set A --set B`` and ``--set A B`` both apply A: a repeated ``--set`` once kept only
+    its last overrides, so a run silently trained another config than the command named."""
+    first, last = "actor.no_such_key=1", "actor.second_missing=1"
+    flags = ["--set", first, "--set", last] if form == "repeated" else ["--set", first, last]
+    out = ["--out", str(tmp_path / "out")] if writes_out else []
+    done = subprocess.run([sys.executable, str(script), *out, *flags],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "no_such_key" in done.stderr  # the first override was read, not dropped
+
+
+def test_hardening_every_benchmark_set_flag_takes_repeats_and_lists():
+    """Every benchmark declares ``--set`` one way, so no script drops a repeated one."""
+    declared = {p.name: line.strip() for p in EFFICACY.parent.glob("*.py")
+                for line in p.read_text().splitlines() if 'add_argument("--set"' in line}
+    assert len(declared) >= 15
+    assert {name: line for name, line in declared.items()
+            if 'action="extend", nargs="+"' not in line} == {}
+
+
 def test_hardening_efficacy_sigterm_stops_the_run_it_spawned(tmp_path):
     """``timeout`` or ``kill`` sends SIGTERM to efficacy.py alone: the run it is training (a
     process of its own, gigabytes with a real model) stops with it instead of training on."""
