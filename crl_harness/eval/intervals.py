@@ -120,7 +120,11 @@ def format_paired(d: PairedDifference, a: str = "A", b: str = "B") -> str:
         >>> format_paired(PairedDifference(n=64, a_wins=20, b_wins=22, only_a=4, only_b=6),
         ...               "before", "after")
         '+3.1 points [-6.5, +12.8], McNemar p 0.75 (64 pairs; after alone won 6, before alone 4)'
+        >>> format_paired(PairedDifference(n=0, a_wins=0, b_wins=0, only_a=0, only_b=0))
+        'no pairs to compare (0 pairs)'
     """
+    if d.n == 0:  # an interval of [-100, +100] would read as a measurement
+        return "no pairs to compare (0 pairs)"
     low, high = d.interval
     return (f"{100 * d.difference:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}], McNemar p "
             f"{d.mcnemar_p:.2g} ({d.n} pairs; {b} alone won {d.only_b}, {a} alone {d.only_a})")
