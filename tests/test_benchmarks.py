@@ -99,7 +99,6 @@ def test_hardening_benchmark_flags_are_usage_errors(script, flags, message):
     assert message in done.stderr
 
 
-
 @pytest.mark.parametrize(("script", "writes_out"), [
     (EFFICACY, True), (PILOT, True), (QUALITY, True), (LATENCY, True), (TRANSFER, True),
     (TEST_TIME, True), (EFFICACY.parent / "actor_update_bench.py", False),
