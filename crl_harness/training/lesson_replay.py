@@ -1,5 +1,6 @@
-"""Lessons replayed without a model: whether the route a guided episode was handed wins its level
-when its moves are played as they stand (``route_moves``: the lesson form the warm start teaches).
+"""Lessons replayed without a model: whether the lesson a guided episode was handed wins its level,
+played as the policy it states where the env reads one (``crl_envs.lesson_policy``), else a
+route's moves as they stand (``route_moves``: the lesson form the warm start teaches).
 
 Holds ``LessonReplay``, which keeps one env per env id and replays the handed lessons of a step's
 trajectories; the trainer logs the share that win (``lessons/replay_win_rate``): a lesson that
@@ -72,14 +73,24 @@ class LessonReplay:
         return False
 
     def step_metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        """``lessons/handed``: guided episodes handed a route lesson; ``lessons/replay_win_rate``:
-        the share of those lessons that win their level replayed (nan when none)."""
-        handed = [(t, moves) for t in trajectories if t.use_experience and t.experience_ids
-                  for moves in [route_moves(t.experience)] if moves]
-        handed = handed[:MAX_REPLAYS_PER_STEP]
-        wins = [self.wins(t.env_id, t.seed, moves) for t, moves in handed]
-        return {"lessons/handed": float(len(handed)),
+        """``lessons/handed``: guided episodes handed a lesson this replay reads;
+        ``lessons/replay_win_rate``: the share of those lessons that win their level replayed
+        (nan when none)."""
+        handed = [t for t in trajectories if t.use_experience and t.experience_ids]
+        wins = [won for t in handed[:MAX_REPLAYS_PER_STEP]
+                for won in [self.handed_wins(t.env_id, t.seed, t.experience)] if won is not None]
+        return {"lessons/handed": float(len(wins)),
                 "lessons/replay_win_rate": sum(wins) / len(wins) if wins else float("nan")}
+
+    def handed_wins(self, env_id: str, seed: int, experience: str) -> bool | None:
+        """Whether the lesson in ``experience`` (what an episode was shown) wins level ``seed``
+        replayed: as the policy it states where the env reads one (a transferable lesson broken
+        off for the goal, which its moves alone can walk past), else a route's moves as they
+        stand; None where it holds neither."""
+        won = self.wins_following(env_id, seed, experience)
+        if won is None and (moves := route_moves(experience)):
+            won = self.wins(env_id, seed, moves)
+        return won
 
     def close(self) -> None:
         for env in self._envs.values():

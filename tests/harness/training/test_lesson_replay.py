@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("nle", reason="the minihack extra: pip install 'crl-gym[minihack]'")
 
 import crl_envs  # noqa: E402
+from crl_harness.rollout import Trajectory  # noqa: E402
 from crl_harness.training.lesson_replay import LessonReplay  # noqa: E402
 from crl_harness.warmstart.routes import route_advice, route_moves  # noqa: E402
 
@@ -49,3 +50,17 @@ def test_replay_of_a_route_lesson_plays_its_moves_as_they_stand(replay):
 def test_replay_reads_no_policy_where_the_env_or_the_text_has_none(replay):
     assert replay.wins_following(ROOM, LEVEL, "Avoid the walls.") is None
     assert replay.wins_following("CRL/Sokoban-v0", 0, "from the start, play south.") is None
+
+
+def shown(seed: int, experience: str) -> Trajectory:
+    return Trajectory(env_id=ROOM, seed=seed, use_experience=True, experience=experience,
+                      experience_ids=["e"])
+
+
+def test_a_step_counts_a_handed_transferable_lesson_as_the_policy_it_states(replay):
+    title, content = crl_envs.transferable_lesson(ROOM, KEY, 6)
+    # its moves alone walk past the stairs on LEVEL (above); broken off for them, it wins
+    metrics = replay.step_metrics([shown(LEVEL, f"Experience:\n- {title}: {content}"),
+                                   shown(LEVEL + 4, "- x: from the start, play north."),
+                                   shown(LEVEL, "Avoid the walls.")])
+    assert metrics == {"lessons/handed": 2.0, "lessons/replay_win_rate": 0.5}
