@@ -94,7 +94,7 @@ def run_arm(levels: int, quality_episodes: int, report_to: list[str], *run: obje
     quiet_third_party()  # a spawned process has the variables, not the filters and loggers
     from crl_envs.errors import UserFacingError
     from crl_harness.config import config_to_dict
-    from crl_harness.eval.heldout import evaluate_levels
+    from crl_harness.eval.heldout import evaluate_levels, handed_lessons
     from crl_harness.tracking import open_trackers
     from crl_harness.training.checkpoint import actor_adapter_base
     from crl_harness.training.trainer import Trainer
@@ -129,9 +129,11 @@ def run_arm(levels: int, quality_episodes: int, report_to: list[str], *run: obje
             extractor_quality(cfg, f"hf:{run_dir / 'extractor_hf'}", quality_episodes, run_dir)
     except (UserFacingError, OSError) as err:
         raise SystemExit(f"efficacy: {cfg.run.output_dir}: {err}") from None
+    banked = run_dir / "eval" / WITH_BANK / "report.json"
     (run_dir / "heldout.json").write_text(json.dumps(
         {"actor": str(actor), "outcomes": outcomes["held-out"],
-         "outcomes_with_bank": outcomes.get(WITH_BANK)}, indent=2))
+         "outcomes_with_bank": outcomes.get(WITH_BANK),
+         "handed_lessons": handed_lessons(banked) if WITH_BANK in outcomes else None}, indent=2))
     print(f"  {cfg.arm} seed {cfg.run.seed}: {time.perf_counter() - start:.0f} s", flush=True)
 
 
@@ -240,7 +242,7 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
     """Print and return the paired endpoints: held-out success per arm against the warm start
     and between arms (pairs: level x seed), and guided against free inside training's groups."""
     from crl_harness.eval import PairedDifference, format_paired, format_rate, paired_difference
-    from crl_harness.eval.heldout import default_cache, evaluate_levels
+    from crl_harness.eval.heldout import default_cache, evaluate_levels, handed_line
     from crl_harness.training.metrics import PAIR_SETS, pooled_pairs
 
     warm_cfg = run_config(args.config, args.arms[0], args.actor, args.seed, args.steps, out,
@@ -290,6 +292,16 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
         report["with_bank"][f"{arm}: with its bank - without"] = d.to_dict()
         print(f"  {arm}: with its bank {format_rate(d.b_wins, d.n)}; with - without (the same "
               f"actor) {format_paired(d, 'without', 'with')}")
+        handed = {(seed, int(level)): won for seed in seeds
+                  for level, won in (files[arm, seed].get("handed_lessons") or {}).items()}
+        if handed:  # where the bank acted, and whether its lessons could win there
+            report["with_bank"][f"{arm}: handed lessons"] = {
+                "handed": len(handed), "win_replayed": sum(handed.values())}
+            common = [(seed, level) for seed in seeds
+                      for level in sorted(mine[seed].keys() & by_arm[arm][seed].keys())]
+            without = {pair: by_arm[arm][pair[0]][pair[1]] for pair in common}
+            print("    " + handed_line(handed, without,
+                                       {pair: mine[pair[0]][pair[1]] for pair in common}))
         if "none" in args.arms:
             d = pooled(by_arm["none"], mine)
             report["with_bank"][f"{arm} with its bank - none"] = d.to_dict()

@@ -61,6 +61,11 @@ def reused_run_problem(run_dir: Path, levels: int) -> str | None:
                                or not all(isinstance(v, bool) for v in banked.values())):
         return f"{run_dir}: heldout.json's outcomes_with_bank are not one true or false for each " \
                f"of its held-out levels; {again}"
+    handed = heldout.get("handed_lessons")  # of the levels with the bank: wins replayed
+    if handed is not None and (not isinstance(handed, dict) or not set(handed) <= wanted
+                               or not all(isinstance(v, bool) for v in handed.values())):
+        return f"{run_dir}: heldout.json's handed_lessons are not true or false for some of " \
+               f"its held-out levels; {again}"
     if not records:
         return f"{run_dir}: metrics.jsonl holds no step; {again}"
     for number, record in enumerate(records, start=1):

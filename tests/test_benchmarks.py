@@ -286,6 +286,12 @@ def test_hardening_efficacy_reuse_reads_a_finished_run_of_the_same_config_only(m
     ({"heldout.json": '{"outcomes": {"50000000": true, "50000001": false}, '
                       '"outcomes_with_bank": {"50000000": "yes"}}'},
      "outcomes_with_bank are not one true or false"),
+    ({"heldout.json": '{"outcomes": {"50000000": true, "50000001": false}, '
+                      '"handed_lessons": {"7": true}}'},
+     "handed_lessons are not true or false for some of its held-out levels"),
+    ({"heldout.json": '{"outcomes": {"50000000": true, "50000001": false}, '
+                      '"handed_lessons": {"50000000": 1}}'},
+     "handed_lessons are not true or false"),
     ({}, "heldout.json holds 2 held-out levels, not the 3 of --eval-levels; rerun with "
          "--eval-levels 2"),
 ])

@@ -138,7 +138,14 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     (``test_time_experience``); prints them with their paired differences
     and writes every level's outcome to ``out/levels.json``. Returns that checkpoint."""
     from crl_harness.commands import train as train_command
-    from crl_harness.eval.heldout import default_cache, env_cases, evaluate_levels, paired
+    from crl_harness.eval.heldout import (
+        default_cache,
+        env_cases,
+        evaluate_levels,
+        handed_lessons,
+        handed_line,
+        paired,
+    )
     from crl_harness.models.names import resolve_model_path
     from crl_harness.warmstart import run_warmstart
 
@@ -180,6 +187,9 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     # the same trained actor on the same held-out levels: with its bank - without
     bank_effect = {name: paired(after[name], after[name.replace("held-out", HELDOUT_WITH_BANK)])
                    for name in before if with_bank and name.startswith("held-out")}
+    # where the bank acted on those levels, and whether its lessons win them replayed
+    handed = {name: handed_lessons(out / "eval-after" / name.replace("held-out", HELDOUT_WITH_BANK)
+                                   / "report.json") for name in bank_effect}
     test_time = None
     if test_time_levels and cfg.uses_experience:
         from crl_harness.training.unseen import test_time_experience, unseen_levels
@@ -203,6 +213,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
         levels_json["levels"][name]["after_with_bank"] = \
             after[name.replace("held-out", HELDOUT_WITH_BANK)]
         levels_json["levels"][name]["with_bank_paired"] = d.to_dict()
+        levels_json["levels"][name]["handed_lessons"] = {str(s): w for s, w in handed[name].items()}
     if test_time is not None:
         levels_json["test_time"] = {"free": attempts["free"], "guided": attempts["guided"],
                                     "paired": test_time.to_dict()}
@@ -212,7 +223,10 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     (out / "levels.json").write_text(json.dumps(levels_json, indent=2))
     _print_summary(cfg, run_dir, differences | {f"{name}, pooled": d
                                                for name, d in pooled_differences.items()},
-                   test_time, bank_effect)
+                   test_time, {name: (d, handed_line(
+                       handed[name], after[name],
+                       after[name.replace("held-out", HELDOUT_WITH_BANK)]))
+                       for name, d in bank_effect.items()})
     return checkpoint
 
 
@@ -262,10 +276,10 @@ def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any],
         pairs.add_row(where, str(d.n), format_rate(d.b_wins, d.n), format_rate(d.a_wins, d.n),
                       format_paired(d, "free", "guided"))
     console.print(pairs)
-    for name, d in (bank_effect or {}).items():
+    for name, (d, handed) in (bank_effect or {}).items():
         console.print(f"{name} levels, the trained actor with the run's bank: "
                       f"{format_rate(d.b_wins, d.n)}, without: {format_rate(d.a_wins, d.n)}; "
-                      f"with - without {format_paired(d, 'without', 'with')}")
+                      f"with - without {format_paired(d, 'without', 'with')}; {handed}")
     if test_time is not None:
         d = test_time
         console.print(f"unseen levels, second attempt (greedy) with the bank the first attempt "

@@ -24,7 +24,9 @@ from typing import Any
 
 from crl_harness.eval.intervals import PairedDifference, paired_difference
 
-__all__ = ["evaluate_levels", "lesson_free_twins", "load_actor", "env_cases", "paired", "pooled", "model_hash", "default_cache"]
+__all__ = ["evaluate_levels", "lesson_free_twins", "replay_handed", "handed_lessons",
+           "handed_line", "load_actor", "env_cases", "paired", "pooled", "model_hash",
+           "default_cache"]
 
 _CACHE_FORMAT = 4  # bump when what a cached outcome means changes (2: the dtype in the key;
 # 3: a bf16 adapter keeps fp32 rotary frequencies, so its greedy outcomes may differ; 4: a
@@ -151,7 +153,8 @@ def evaluate_levels(cfg: Any, actor: str,
     ``cfg`` rolls out with (``load_actor``). A level of a case with the bank whose reset
     retrieves nothing, and that a case without the bank plays now on the same env, is played once
     (``lesson_free_twins``): its outcome and report entry are its twin's, and its report's
-    ``meta.twin_seeds`` lists such levels."""
+    ``meta.twin_seeds`` lists such levels; ``meta.handed_lessons`` (``replay_handed``) the levels
+    of a case with the bank that were handed a lesson, and whether it wins replayed."""
     from crl_harness.eval import evaluate, write_report
     from crl_harness.rollout import EpisodeSpec, RolloutConfig
 
@@ -218,8 +221,10 @@ def evaluate_levels(cfg: Any, actor: str,
         from_twin = twins.get(name, {})
         played = [replace(played_by[(from_twin[s], s)], use_experience=True) if s in from_twin
                   else played_by[(name, s)] for s in seeds]
-        write_report(out / name / "report.json", played,
-                     meta={"agent": actor, "seeds": seeds, "twin_seeds": sorted(from_twin)})
+        meta = {"agent": actor, "seeds": seeds, "twin_seeds": sorted(from_twin)}
+        if to_play[name][1] and manager is not None:  # where the bank acted, and with what
+            meta["handed_lessons"] = replay_handed(cfg.tasks.envs[to_play[name][3]], played)
+        write_report(out / name / "report.json", played, meta=meta)
         outcomes[name] = {t.seed: bool(t.won) for t in played if not t.error}
         if path is not None and len(outcomes[name]) == len(seeds):  # env failures: not kept
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,3 +274,45 @@ def lesson_free_twins(cfg: Any, rollout: Any, bank: Path,
         probe.close()
         probe.bank.close()
     return twins
+
+
+def replay_handed(entry: Any, played: list[Any]) -> dict[str, bool]:
+    """Each level of ``played`` (episodes on ``entry``, a ``tasks.envs`` entry) whose episode was
+    handed a lesson that ``LessonReplay`` reads -> whether the lesson wins the level played
+    without a model (``LessonReplay.handed_wins``): where a bank acted on the levels, and whether
+    what it handed could win them whatever the actor did."""
+    from crl_harness.training.lesson_replay import LessonReplay
+
+    replay = LessonReplay({entry.id: dict(entry.kwargs)}, {entry.id: dict(entry.options or {})})
+    try:
+        won = {str(t.seed): replay.handed_wins(t.env_id, t.seed, t.experience)
+               for t in played if t.experience_ids and not t.error}
+    finally:
+        replay.close()
+    return {seed: w for seed, w in won.items() if w is not None}
+
+
+def handed_lessons(report: Path) -> dict[int, bool]:
+    """A case's ``meta.handed_lessons`` (``evaluate_levels``) from its ``report.json``: level ->
+    whether the lesson it was handed wins replayed; empty where the report has none."""
+    handed = json.loads(report.read_text()).get("meta", {}).get("handed_lessons") or {}
+    return {int(seed): bool(won) for seed, won in handed.items()}
+
+
+def handed_line(handed: dict[Any, bool], without: dict[Any, bool],
+                with_bank: dict[Any, bool]) -> str:
+    """Where a bank acted on the levels of ``with_bank`` (pairs with ``without``, the same
+    actor), said in one line: how many were handed a lesson, how many of those lessons win
+    replayed, and the actor's wins on each part with the bank and without it.
+
+    >>> handed_line({1: True, 2: False}, {1: False, 2: True, 3: True}, {1: True, 2: False, 3: True})
+    'handed a lesson on 2 of 3 levels, 1 of them winning replayed without a model: on those 1 \
+the actor won 1 with the bank and 0 without; on the 1 whose lesson loses, 0 with and 1 without'
+    """
+    win = [level for level, w in handed.items() if w and level in without]
+    lose = [level for level, w in handed.items() if not w and level in without]
+    return (f"handed a lesson on {len(win) + len(lose)} of {len(with_bank)} levels, {len(win)} of "
+            f"them winning replayed without a model: on those {len(win)} the actor won "
+            f"{sum(with_bank[s] for s in win)} with the bank and {sum(without[s] for s in win)} "
+            f"without; on the {len(lose)} whose lesson loses, {sum(with_bank[s] for s in lose)} "
+            f"with and {sum(without[s] for s in lose)} without")

@@ -101,6 +101,7 @@ def test_a_level_the_bank_has_no_lesson_for_is_played_once_and_counts_for_both_c
     assert both["guided"][bare] == both["free"][bare] and set(both["guided"]) == {covered, bare}
     report = json.loads((tmp_path / "out" / "guided" / "report.json").read_text())
     assert report["meta"]["twin_seeds"] == [bare] and report["envs"][0]["episodes"] == 2
+    assert report["meta"]["handed_lessons"] == {}  # a lesson in words: nothing to replay
     guided_played = {t.seed: t for t in plays[1]}
     assert guided_played[covered].experience_ids  # the lesson was shown
     # why the twin stands: alone, the lesson-free level's guided episode sees the free prompt
@@ -111,3 +112,35 @@ def test_a_level_the_bank_has_no_lesson_for_is_played_once_and_counts_for_both_c
     assert alone.system == guided_played[bare].system
     assert [t.prompt_token_ids + t.token_ids for t in alone.turns] == \
         [t.prompt_token_ids + t.token_ids for t in guided_played[bare].turns]
+
+
+def test_a_case_with_the_bank_records_which_levels_were_handed_a_lesson_that_wins_replayed(
+        model, tmp_path):
+    pytest.importorskip("nle", reason="the minihack extra: pip install 'crl-gym[minihack]'")
+    import gymnasium as gym
+
+    import crl_envs  # noqa: F401  (registers the ids)
+    from crl_harness.eval.heldout import evaluate_levels, handed_lessons, handed_line
+    from crl_harness.experience import ExperienceBank
+
+    room = "CRL/MiniHackRoom-v0"
+    near, far, bare = 20_000_004, 20_000_000, 20_000_001  # near: the stairs 1 south
+    env = gym.make(room, variant="dark", max_episode_steps=2)
+    keys = {seed: env.reset(seed=seed)[1]["retrieval_query"] for seed in (near, far, bare)}
+    env.close()
+    assert len(set(keys.values())) == 3
+    bank = ExperienceBank(tmp_path / "bank.sqlite")
+    bank.add(room, f"Winning moves from {keys[near]}", "from the start, play south.")
+    bank.add(room, f"Winning moves from {keys[far]}", "from the start, play north.")
+    bank.close()
+    cfg = load_config(None, [*_overrides(model, tmp_path / "run"), f"tasks.envs.0.id={room}",
+                             "tasks.envs.0.kwargs={variant: dark, max_episode_steps: 2}"])
+    out = evaluate_levels(cfg, f"hf:{model}", {"free": ([near, far, bare], False),
+                                                "guided": ([near, far, bare], True)},
+                          tmp_path / "out", bank=tmp_path / "bank.sqlite")
+    handed = handed_lessons(tmp_path / "out" / "guided" / "report.json")
+    # each level with a lesson of its key gets it; south wins near, north loses far; bare: none
+    assert handed == {near: True, far: False}
+    assert handed_lessons(tmp_path / "out" / "free" / "report.json") == {}
+    assert handed_line(handed, out["free"], out["guided"]).startswith(
+        "handed a lesson on 2 of 3 levels, 1 of them winning replayed without a model")
