@@ -292,16 +292,19 @@ def paired_report(runs: list[tuple[str, int]], args: argparse.Namespace, out: Pa
         report["with_bank"][f"{arm}: with its bank - without"] = d.to_dict()
         print(f"  {arm}: with its bank {format_rate(d.b_wins, d.n)}; with - without (the same "
               f"actor) {format_paired(d, 'without', 'with')}")
-        handed = {(seed, int(level)): won for seed in seeds
-                  for level, won in (files[arm, seed].get("handed_lessons") or {}).items()}
-        if handed:  # where the bank acted, and whether its lessons could win there
+        # where the bank acted, and whether its lessons could win there (runs that record it)
+        recorded = [seed for seed in seeds if files[arm, seed].get("handed_lessons") is not None]
+        if any(files[arm, seed]["handed_lessons"] for seed in recorded):
+            handed = {(seed, int(level)): won for seed in recorded
+                      for level, won in files[arm, seed]["handed_lessons"].items()}
             report["with_bank"][f"{arm}: handed lessons"] = {
-                "handed": len(handed), "win_replayed": sum(handed.values())}
-            common = [(seed, level) for seed in seeds
+                "seeds": recorded, "handed": len(handed), "win_replayed": sum(handed.values())}
+            common = [(seed, level) for seed in recorded
                       for level in sorted(mine[seed].keys() & by_arm[arm][seed].keys())]
-            without = {pair: by_arm[arm][pair[0]][pair[1]] for pair in common}
-            print("    " + handed_line(handed, without,
-                                       {pair: mine[pair[0]][pair[1]] for pair in common}))
+            which = "" if recorded == seeds else f"seed(s) {', '.join(map(str, recorded))}: "
+            print(f"    {which}" + handed_line(
+                handed, {pair: by_arm[arm][pair[0]][pair[1]] for pair in common},
+                {pair: mine[pair[0]][pair[1]] for pair in common}))
         if "none" in args.arms:
             d = pooled(by_arm["none"], mine)
             report["with_bank"][f"{arm} with its bank - none"] = d.to_dict()

@@ -223,7 +223,7 @@ def train_and_evaluate(cfg: Any, levels: int, out: Path, cache: Path | None = No
     (out / "levels.json").write_text(json.dumps(levels_json, indent=2))
     _print_summary(cfg, run_dir, differences | {f"{name}, pooled": d
                                                for name, d in pooled_differences.items()},
-                   test_time, {name: (d, handed_line(
+                   test_time, {name: (d, handed[name] and handed_line(
                        handed[name], after[name],
                        after[name.replace("held-out", HELDOUT_WITH_BANK)]))
                        for name, d in bank_effect.items()})
@@ -279,7 +279,8 @@ def _print_summary(cfg: Any, run_dir: Path, differences: dict[str, Any],
     for name, (d, handed) in (bank_effect or {}).items():
         console.print(f"{name} levels, the trained actor with the run's bank: "
                       f"{format_rate(d.b_wins, d.n)}, without: {format_rate(d.a_wins, d.n)}; "
-                      f"with - without {format_paired(d, 'without', 'with')}; {handed}")
+                      f"with - without {format_paired(d, 'without', 'with')}"
+                      + (f"; {handed}" if handed else ""))
     if test_time is not None:
         d = test_time
         console.print(f"unseen levels, second attempt (greedy) with the bank the first attempt "

@@ -306,13 +306,14 @@ def handed_line(handed: dict[Any, bool], without: dict[Any, bool],
     replayed, and the actor's wins on each part with the bank and without it.
 
     >>> handed_line({1: True, 2: False}, {1: False, 2: True, 3: True}, {1: True, 2: False, 3: True})
-    'handed a lesson on 2 of 3 levels, 1 of them winning replayed without a model: on those 1 \
-the actor won 1 with the bank and 0 without; on the 1 whose lesson loses, 0 with and 1 without'
+    'handed a lesson a replay reads on 2 of 3 levels, 1 of them winning replayed without a model: \
+on those 1 the actor won 1 with the bank and 0 without; on the 1 whose lesson loses, 0 with and \
+1 without'
     """
     win = [level for level, w in handed.items() if w and level in without]
     lose = [level for level, w in handed.items() if not w and level in without]
-    return (f"handed a lesson on {len(win) + len(lose)} of {len(with_bank)} levels, {len(win)} of "
-            f"them winning replayed without a model: on those {len(win)} the actor won "
+    return (f"handed a lesson a replay reads on {len(win) + len(lose)} of {len(with_bank)} levels, "
+            f"{len(win)} of them winning replayed without a model: on those {len(win)} the actor won "
             f"{sum(with_bank[s] for s in win)} with the bank and {sum(without[s] for s in win)} "
             f"without; on the {len(lose)} whose lesson loses, {sum(with_bank[s] for s in lose)} "
             f"with and {sum(without[s] for s in lose)} without")

@@ -143,4 +143,4 @@ def test_a_case_with_the_bank_records_which_levels_were_handed_a_lesson_that_win
     assert handed == {near: True, far: False}
     assert handed_lessons(tmp_path / "out" / "free" / "report.json") == {}
     assert handed_line(handed, out["free"], out["guided"]).startswith(
-        "handed a lesson on 2 of 3 levels, 1 of them winning replayed without a model")
+        "handed a lesson a replay reads on 2 of 3 levels, 1 of them winning replayed")
