@@ -217,13 +217,13 @@ def evaluate_levels(cfg: Any, actor: str,
             manager.close()
             manager.bank.close()  # the manager leaves the bank to whoever opened it
     played_by = {(case_of[t.group_id], t.seed): t for t in trajectories}
-    for name, (seeds, _, path, _) in to_play.items():
+    for name, (seeds, with_bank, path, index) in to_play.items():
         from_twin = twins.get(name, {})
         played = [replace(played_by[(from_twin[s], s)], use_experience=True) if s in from_twin
                   else played_by[(name, s)] for s in seeds]
         meta = {"agent": actor, "seeds": seeds, "twin_seeds": sorted(from_twin)}
-        if to_play[name][1] and manager is not None:  # where the bank acted, and with what
-            meta["handed_lessons"] = replay_handed(cfg.tasks.envs[to_play[name][3]], played)
+        if with_bank and manager is not None:  # where the bank acted, and with what
+            meta["handed_lessons"] = replay_handed(cfg.tasks.envs[index], played)
         write_report(out / name / "report.json", played, meta=meta)
         outcomes[name] = {t.seed: bool(t.won) for t in played if not t.error}
         if path is not None and len(outcomes[name]) == len(seeds):  # env failures: not kept
