@@ -188,12 +188,14 @@ def test_votes_and_returns_are_credited_by_the_outcome_they_judged(bank):
         manager.submit(DistillationRequest(ENV, "task", "...", False, 0.0, [mine.id], 1,
                                            query=MINE))
         manager.flush()
-        assert sorted(r.reward for r in manager.generation_rewards()) == [-1.0, 1.0]
+        rewards = manager.generation_rewards()
+        assert sorted(r.reward for r in rewards) == [-1.0, 1.0]
+        assert all(r.judged for r in rewards)  # their advantage has a baseline of its own
     with keyed_manager(ExperienceBank(":memory:"), answer('<answer>[{"op": "return"}]</answer>')) \
             as manager:
         manager.submit(DistillationRequest(ENV, "task", "...", False, 0.0, [], 1, query=MINE))
         manager.flush()
-        assert [r.reward for r in manager.generation_rewards()] == [1.0]
+        assert [(r.reward, r.judged) for r in manager.generation_rewards()] == [(1.0, True)]
 
 
 def test_an_add_that_restates_the_levels_own_lesson_is_judged_as_an_upvote(bank):
