@@ -177,9 +177,6 @@ class GenerationReward:
     reward: float
     n_uses: int
     kind: Kind
-    judged: bool = False
-    """rewarded at once by the outcome of the episode it judged (a vote, ``return``), not by the
-    uses of what it wrote: its reward is on another scale, so its baseline is its own"""
 
 
 @dataclass
@@ -190,7 +187,6 @@ class _Record:
     total: float = 0.0
     n_uses: int = 0
     fixed_reward: float | None = None
-    judged: bool = False
 
 
 class CreditLedger:
@@ -226,12 +222,10 @@ class CreditLedger:
         self.forgotten = 0
 
     def register(self, generation_id: str, prompt: str, output: Any,
-                 kind: Kind, fixed_reward: float | None = None, judged: bool = False) -> None:
-        """Remember a generation; ``fixed_reward`` makes it readable at once (format failures,
-        and with ``judged`` a judgment, ``GenerationReward.judged``)."""
+                 kind: Kind, fixed_reward: float | None = None) -> None:
+        """Remember a generation; ``fixed_reward`` makes it readable at once (format failures)."""
         with self._lock:
-            self._records[generation_id] = _Record(prompt, output, kind,
-                                                   fixed_reward=fixed_reward, judged=judged)
+            self._records[generation_id] = _Record(prompt, output, kind, fixed_reward=fixed_reward)
             while len(self._records) > self.max_generations:
                 victim = next((g for g, r in self._records.items()
                                if r.n_uses == 0 and r.fixed_reward is None),
@@ -296,7 +290,7 @@ class CreditLedger:
             else:
                 continue
             out.append(GenerationReward(generation_id, record.prompt, record.output, reward,
-                                        record.n_uses, record.kind, record.judged))
+                                        record.n_uses, record.kind))
         return out
 
     def __len__(self) -> int:

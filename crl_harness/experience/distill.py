@@ -338,5 +338,5 @@ class ExtractorJobs:
             self._counters.add("judgments")
             verdicts = [Vote(upvotes[i], 1) if i in upvotes else op for i, op in enumerate(ops)]
             self._ledger.register(generation_id, prompt, output, kind,  # type: ignore[arg-type]
-                                  fixed_reward=judgment_reward(verdicts, judged), judged=True)
+                                  fixed_reward=judgment_reward(verdicts, judged))
         return changes

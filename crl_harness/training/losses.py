@@ -3,8 +3,7 @@
 Holds:
 - ``subgroup_advantages``: the actor's advantages, A = r - mean(r of the same subgroup), where a
   subgroup is the guided or the free half of one task seed's group (optional std normalisation).
-- ``extractor_advantages``: the extractor's advantages, A = reward - batch mean (the mean of the
-  generations credited the same way, where the batch mixes two ways).
+- ``extractor_advantages``: the extractor's advantages, A = reward - batch mean.
 - ``sequence_token_weights``: the per-token weights of "sequence-mean then batch-mean", so that a
   sequence split over several rows (multi-turn trajectories) or micro-batches aggregates exactly
   as if it were one row in one batch.
@@ -87,26 +86,19 @@ def subgroup_advantages(
 
 
 def extractor_advantages(
-    rewards: Sequence[float], weights: Sequence[float] | None = None,
-    baselines: Sequence[Hashable] | None = None,
+    rewards: Sequence[float], weights: Sequence[float] | None = None
 ) -> torch.Tensor:
     """A_i = reward_i - batch mean; with ``weights`` the mean is weighted (a generation repeated
-    ``w`` times counts ``w`` times in the baseline, as it does in the loss); with ``baselines``
-    (one label a generation) each is compared with the mean of the generations of its label only.
+    ``w`` times counts ``w`` times in the baseline, as it does in the loss).
 
     >>> extractor_advantages([1.0, -1.0, 0.0, 0.0])
     tensor([ 1., -1.,  0.,  0.])
-    >>> extractor_advantages([1.0, 1.0, 0.5, -0.5], baselines=[True, True, False, False])
-    tensor([ 0.0000,  0.0000,  0.5000, -0.5000])
     """
     r = torch.as_tensor(rewards, dtype=torch.float32)
-    w = torch.ones_like(r) if weights is None else torch.as_tensor(weights, dtype=torch.float32)
-    labels = [None] * len(r) if baselines is None else list(baselines)
-    out = torch.empty_like(r)
-    for label in set(labels):
-        same = torch.tensor([x == label for x in labels])
-        out[same] = r[same] - (w[same] * r[same]).sum() / w[same].sum()
-    return out
+    if weights is None:
+        return r - r.mean()
+    w = torch.as_tensor(weights, dtype=torch.float32)
+    return r - (w * r).sum() / w.sum()
 
 
 def sequence_token_weights(

@@ -344,16 +344,12 @@ class Trainer:
     def _update_extractor(self, buffer: list[GenerationReward]) -> UpdateStats | None:
         """CISPO on ``buffer``: one sample per generation and A = reward - batch mean
         (docs/method.md), or, with ``extractor.repeat_by_uses``, each generation counted once per
-        use. Judgments (``GenerationReward.judged``: +1 at once where the verdict agrees with the
-        outcome) and generations credited by use are each compared with their own mean: against
-        one mean, a right upvote's sure +1 outranks a lesson's relative credit and training would
-        turn the extractor from writing lessons to voting on them."""
+        use."""
         usable = [g for g in buffer if getattr(g.output, "token_ids", None)]
         if not usable:
             return None
         uses = [max(g.n_uses, 1) if self.cfg.extractor.repeat_by_uses else 1 for g in usable]
-        advantages = extractor_advantages([g.reward for g in usable], uses,
-                                          baselines=[g.judged for g in usable])
+        advantages = extractor_advantages([g.reward for g in usable], uses)
         sequence_weight = torch.tensor(uses, dtype=torch.float32) / sum(uses)
         weights = sequence_token_weights(
             torch.tensor([len(g.output.token_ids) for g in usable]), sequence_weight)

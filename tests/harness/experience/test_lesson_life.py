@@ -6,14 +6,11 @@ used, never for a retrieval miss. Each test failed before the change it guards."
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
 
 from crl_harness.config import EnvEntry, ExperienceConfig, TaskConfig
 from crl_harness.experience import (
     AddEntry,
-    CreditLedger,
     DistillationRequest,
     EpisodeOutcome,
     ExperienceBank,
@@ -191,14 +188,12 @@ def test_votes_and_returns_are_credited_by_the_outcome_they_judged(bank):
         manager.submit(DistillationRequest(ENV, "task", "...", False, 0.0, [mine.id], 1,
                                            query=MINE))
         manager.flush()
-        rewards = manager.generation_rewards()
-        assert sorted(r.reward for r in rewards) == [-1.0, 1.0]
-        assert all(r.judged for r in rewards)  # their advantage has a baseline of its own
+        assert sorted(r.reward for r in manager.generation_rewards()) == [-1.0, 1.0]
     with keyed_manager(ExperienceBank(":memory:"), answer('<answer>[{"op": "return"}]</answer>')) \
             as manager:
         manager.submit(DistillationRequest(ENV, "task", "...", False, 0.0, [], 1, query=MINE))
         manager.flush()
-        assert [(r.reward, r.judged) for r in manager.generation_rewards()] == [(1.0, True)]
+        assert [r.reward for r in manager.generation_rewards()] == [1.0]
 
 
 def test_an_add_that_restates_the_levels_own_lesson_is_judged_as_an_upvote(bank):
@@ -238,15 +233,3 @@ def test_free_winners_are_distilled_and_the_cap_holds():
     chosen = episodes_to_distill(step, per_group=2)
     assert [(t.group_id, t.use_experience, t.steps) for t in chosen] == \
         [(0, False, 2), (1, True, 4), (1, True, 6)]
-
-
-def test_a_ledger_saved_before_judgments_were_marked_resumes_as_credited_by_use():
-    """A checkpoint's ledger pickles its records; one written before ``judged`` existed loads
-    with every generation credited by use (the baseline they were trained against then)."""
-    ledger = CreditLedger()
-    ledger.register("old", "prompt", "output", "distill", fixed_reward=1.0, judged=True)
-    (generation_id, record), = ledger.export()
-    del record.__dict__["judged"]  # as pickled by the code before
-    resumed = CreditLedger()
-    resumed.load(pickle.loads(pickle.dumps([(generation_id, record)])))
-    assert [(r.reward, r.judged) for r in resumed.rewards()] == [(1.0, False)]

@@ -107,20 +107,6 @@ def test_extractor_advantages_weighted_baseline():
     assert torch.allclose(adv, torch.tensor([0.5, -1.5]))
 
 
-def test_extractor_advantages_compare_each_generation_with_its_own_baseline():
-    # judgments [1, 1, -1] mean 1/3; lessons credited by use [0.5, -0.5] mean 0; weights [1, 1, 2
-    # | 3, 1]: judgments (1 + 1 - 2) / 4 = 0, lessons (1.5 - 0.5) / 4 = 0.25
-    adv = extractor_advantages([1.0, 1.0, -1.0, 0.5, -0.5],
-                               baselines=["judged", "judged", "judged", "use", "use"])
-    assert torch.allclose(adv, torch.tensor([2 / 3, 2 / 3, -4 / 3, 0.5, -0.5]))
-    adv = extractor_advantages([1.0, 1.0, -1.0, 0.5, -0.5], weights=[1, 1, 2, 3, 1],
-                               baselines=[True, True, True, False, False])
-    assert torch.allclose(adv, torch.tensor([1.0, 1.0, -1.0, 0.25, -0.75]))
-    # one label is the batch mean
-    assert torch.allclose(extractor_advantages([1.0, 0.0], baselines=[0, 0]),
-                          extractor_advantages([1.0, 0.0]))
-
-
 def test_sequence_token_weights_with_sequence_weights():
     w = sequence_token_weights(torch.tensor([2, 5]), torch.tensor([0.75, 0.25]))
     assert torch.allclose(w, torch.tensor([0.375, 0.05]))
