@@ -90,6 +90,11 @@ def test_hardening_benchmark_flags_stop_with_usage_before_writing(tmp_path, scri
     ("key_coverage.py", ["--steps", "0"], "--steps must be in 1..1000"),
     ("key_coverage.py", ["--set", "tasks.no_such_key=1"], "no_such_key"),
     ("key_coverage.py", ["--config", "webshop"], "has no exact retrieval key"),
+    ("key_coverage.py", ["--print-pool", "0"], "--print-pool must be in 1..1000"),
+    ("key_coverage.py", ["--print-pool", "8", "--scan", "0"], "--scan must be in 1..100000"),
+    ("key_coverage.py", ["--print-pool", "8", "--per-key", "0"], "must be at least 1"),
+    ("key_coverage.py", ["--print-pool", "50", "--scan", "20", "--per-key", "1"],
+     "only "),
 ])
 def test_hardening_benchmark_flags_are_usage_errors(script, flags, message):
     """The benchmarks that write no ``--out``: a bad flag stops with a usage line."""
@@ -575,6 +580,43 @@ def test_hardening_guided_pairs_wants_run_folders_with_metrics(tmp_path, setup, 
                            str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_key_coverage_prints_a_pool_with_several_levels_of_the_frequent_keys():
+    """``--print-pool``: one level of each key that enough scanned levels hold, then second
+    levels of the most frequent keys; every printed seed's key among the scanned ones."""
+    import importlib.util
+    from collections import Counter
+
+    import gymnasium as gym
+
+    env = gym.make("CRL/MiniHackRoom-v0", variant="dark")
+    keys = {s: env.reset(seed=s)[1]["retrieval_query"] for s in range(60)}
+    env.close()
+    counts = Counter(keys.values())
+    size = sum(n >= 2 for n in counts.values()) + 2  # every such key once, two keys twice
+    done = subprocess.run([sys.executable, str(EFFICACY.parent / "key_coverage.py"),
+                           "--print-pool", str(size), "--scan", "60", "--min-count", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert line.startswith("tasks.seeds=[")
+    seeds = [int(s) for s in line[len("tasks.seeds=["):-1].split(",")]
+    assert len(seeds) == len(set(seeds)) == size and max(seeds) < 60
+    chosen = Counter(keys[s] for s in seeds)
+    assert sorted(chosen.values()).count(2) == 2  # second levels of the two most frequent
+    assert {k for k in counts if counts[k] >= 2} == set(chosen)
+    # a key given a second level is at least as frequent as any key given one
+    doubled = min(counts[k] for k, n in chosen.items() if n == 2)
+    assert all(counts[k] <= doubled for k, n in chosen.items() if n == 1)
+    spec = importlib.util.spec_from_file_location("key_coverage",
+                                                  EFFICACY.parent / "key_coverage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    levels = {0: "a", 1: "a", 2: "b", 3: "a", 4: "c"}
+    assert module.pool_by_key(levels, 3, 1, 2) == [0, 2, 4]  # each key once before a second
+    assert module.pool_by_key(levels, 4, 1, 2) == [0, 1, 2, 4]
+    assert module.pool_by_key(levels, 4, 2, 3) == [0, 1, 3]  # b and c too rare: short
 
 
 def test_key_coverage_counts_the_held_out_levels_whose_key_training_plays():
