@@ -3,6 +3,7 @@ its title names, without a model: which ones win, and which levels have none.
 
     .venv/bin/python benchmarks/bank_replay.py runs/demo      # RUN_DIR: config.json, bank.sqlite
     .venv/bin/python benchmarks/bank_replay.py runs/demo --set experience.min_query_coverage=0
+    .venv/bin/python benchmarks/bank_replay.py runs/demo --key-levels 40   # lessons of a key
 
 A route lesson ("Winning moves from KEY: from the start, play east, south.", as the warm start
 teaches the extractor to write it) is played move by move from the reset of each training level
@@ -18,6 +19,14 @@ each lesson named as the level's own or another's and played on the level (``--s
 the run's settings first: what other retrieval settings would hand). The bank is opened
 read-only (a live run may hold it). Text from the bank reaches the terminal through
 ``printable``: control characters escaped, each field cut to ``SHOWN_CHARS``.
+
+``--key-levels N`` asks instead whether the bank's lessons transfer: every lesson the env reads
+as a policy (``crl_envs.lesson_policy``: a key's sweep, broken off once the goal is in view, or
+a route) is played on up to N held-out levels of its key (from ``tasks.heldout_offset`` on,
+``--scan`` of them reset to read their keys), beside the env's oracle lesson of the key
+(``crl_envs.transferable_lesson``). Printed per key: the oracle's wins, each lesson's wins and
+votes, and the lesson a fresh retrieval hands; then the totals over the keys' levels: what
+retrieval hands, the key's best lesson, the oracle's.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from typing import Any
 
 SHOWN_CHARS = 200
 """the most characters of one bank text (a lesson's moves, a level key) a line shows"""
+MAX_KEY_LEVELS = 1000
 
 
 def printable(text: str, limit: int = SHOWN_CHARS) -> str:
@@ -155,13 +165,110 @@ def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) ->
     return handed
 
 
+@dataclass
+class KeyReplay:
+    """The lessons of one retrieval key played on unseen levels of that key."""
+
+    key: str
+    levels: int
+    oracle_wins: int | None  # None: the env writes no oracle lesson for the key
+    lessons: list[tuple[str, int, int]]  # (text, votes, wins), in the bank's order
+    handed: int | None  # the index in ``lessons`` a fresh retrieval hands, None: nothing
+
+
+def replay_on_key_levels(cfg: Any, entries: list[Any], per_key: int,
+                         scan: int) -> list[KeyReplay]:
+    """Each key's lessons among ``entries`` (those that hold every word of the key and state a
+    policy the env reads) played on up to ``per_key`` held-out levels of the key, found among
+    the first ``scan`` held-out levels; the oracle lesson of the key on the same levels; and
+    which lesson a guided episode of the key's first such level is handed (the run's
+    retrieval settings, a fresh in-memory bank of the same entries in order)."""
+    import gymnasium as gym
+
+    import crl_envs
+    from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
+    from crl_harness.experience.retrieval import query_coverage, tokenize
+    from crl_harness.rollout import make_env
+    from crl_harness.training.lesson_replay import LessonReplay
+
+    env_entry = cfg.tasks.envs[0]
+    steps = int(env_entry.kwargs.get("max_episode_steps", 0)) or None
+    bank = ExperienceBank(":memory:")
+    ids = [bank.add(e.env_id, e.title, e.content).id for e in entries]
+    manager = ExperienceManager(bank, config=ManagerConfig.from_config(
+        cfg.experience, cfg.exact_key_envs(), seed=cfg.run.seed))
+    guided = make_env(env_entry.id, manager, cfg.experience.k, **env_entry.kwargs)
+    env = gym.make(env_entry.id, **env_entry.kwargs)
+    replay = LessonReplay({env_entry.id: dict(env_entry.kwargs)})
+    try:
+        levels: dict[str, list[int]] = {}
+        offset = cfg.tasks.heldout_offset
+        for seed in range(offset, offset + scan):
+            key = str(env.reset(seed=seed)[1].get("retrieval_query") or "")
+            if key and len(levels.setdefault(key, [])) < per_key:
+                levels[key].append(seed)
+        results = []
+        for key, seeds in levels.items():
+            words = tokenize(key)
+            own = [(i, e) for i, e in zip(ids, entries, strict=True)
+                   if query_coverage(words, tokenize(e.text)) >= 1.0
+                   and crl_envs.lesson_policy(env_entry.id, e.content) is not None]
+            if not own:
+                continue
+            oracle = crl_envs.transferable_lesson(env_entry.id, key, steps) if steps else None
+            oracle_wins = None if oracle is None else sum(
+                bool(replay.wins_following(env_entry.id, s, oracle[1])) for s in seeds)
+            lessons = [(e.content, e.votes,
+                        sum(bool(replay.wins_following(env_entry.id, s, e.content))
+                            for s in seeds)) for _, e in own]
+            shown = guided.reset(seed=seeds[0], options={"use_experience": True})[1]
+            handed = next((n for n, (i, _) in enumerate(own)
+                           if i in (shown.get("experience_ids") or [])), None)
+            results.append(KeyReplay(key, len(seeds), oracle_wins, lessons, handed))
+    finally:
+        guided.close()
+        env.close()
+        replay.close()
+        manager.close()
+        bank.close()
+    return results
+
+
+def print_key_replays(results: list[KeyReplay]) -> None:
+    """Per key, then the totals over the keys' levels (each key weighs its levels)."""
+    handed = best = oracle = levels = 0
+    for r in sorted(results, key=lambda r: -r.levels):
+        said = "no oracle lesson" if r.oracle_wins is None else f"oracle {r.oracle_wins}"
+        print(f"key {printable(r.key)}: {r.levels} unseen levels, {said}")
+        for n, (text, votes, wins) in enumerate(r.lessons):
+            mark = "handed" if n == r.handed else "      "
+            print(f"  {mark} {wins:>4}/{r.levels:<4} votes {votes:<3} {printable(text)}")
+        levels += r.levels
+        handed += r.lessons[r.handed][2] if r.handed is not None else 0
+        best += max(wins for _, _, wins in r.lessons)
+        oracle += r.oracle_wins or 0
+    print(f"{len(results)} keys, {levels} unseen levels of them: the lesson retrieval hands "
+          f"wins {handed}, the key's best lesson {best}, the oracle's lesson {oracle}")
+
+
 def main() -> None:
+    from crl_harness.config import HELDOUT_RESERVED as MAX_SCAN  # the held-out levels there are
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="a training run's folder (config.json, "
                                                   "bank.sqlite)")
     parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="key=value",
                         help="overrides of the run's config, e.g. experience.min_query_coverage=1")
+    parser.add_argument("--key-levels", type=int, default=None, metavar="N",
+                        help=f"play each lesson on up to N unseen levels of its key "
+                             f"(1..{MAX_KEY_LEVELS}) instead")
+    parser.add_argument("--scan", type=int, default=4000,
+                        help=f"held-out levels --key-levels resets to find them (1..{MAX_SCAN})")
     args = parser.parse_args()
+    if args.key_levels is not None and not 1 <= args.key_levels <= MAX_KEY_LEVELS:
+        parser.error(f"--key-levels must be in 1..{MAX_KEY_LEVELS}")
+    if not 1 <= args.scan <= MAX_SCAN:
+        parser.error(f"--scan must be in 1..{MAX_SCAN}")
     config, bank_file = args.run_dir / "config.json", args.run_dir / "bank.sqlite"
     for needed in (config, bank_file):
         if not needed.is_file():
@@ -177,6 +284,10 @@ def main() -> None:
             entries = bank.entries(cfg.tasks.envs[0].id)
     except (ConfigError, UserFacingError) as err:
         parser.error(str(err))
+    if args.key_levels is not None:
+        print(f"{args.run_dir}: {len(entries)} entries of {cfg.tasks.envs[0].id}")
+        print_key_replays(replay_on_key_levels(cfg, entries, args.key_levels, args.scan))
+        return
     replays, keys, other = replay_bank(cfg, entries)
     print(f"{args.run_dir}: {len(entries)} entries of {cfg.tasks.envs[0].id}, {other} not a "
           f"route lesson of a training level")

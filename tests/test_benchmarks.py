@@ -396,6 +396,43 @@ def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path, monkeypatch)
         in no_floor.stdout
 
 
+def test_bank_replay_key_levels_plays_a_keys_lessons_on_its_unseen_levels(tmp_path):
+    """``--key-levels``: the oracle's own lesson of a key, stored in the bank, wins exactly as
+    often as the oracle column says; a lesson that walks into the wall wins less; the totals
+    add up over the key's levels (real MiniHack)."""
+    import crl_envs
+    from crl_harness.config import config_to_dict, load_config
+    from crl_harness.experience.bank import ExperienceBank
+
+    cfg = load_config("cpu-demo")
+    (tmp_path / "config.json").write_text(json.dumps(config_to_dict(cfg)))
+    key = "x=36, y=9; in view: nothing notable"  # the dark room's corner: the most common start
+    title, oracle = crl_envs.transferable_lesson(cfg.tasks.envs[0].id, key, 6)
+    room = cfg.tasks.envs[0].id
+    with ExperienceBank(tmp_path / "bank.sqlite") as bank:
+        bank.add(room, title, oracle)
+        bank.add(room, title, "from the start, play north, north, north, north. Once the staircase"
+                              " down (>) is in view, stop and walk to it.")
+    done = subprocess.run([sys.executable, str(EFFICACY.parent / "bank_replay.py"), str(tmp_path),
+                           "--key-levels", "12", "--scan", "400"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith(f"key {key}:"))
+    assert lines[head].startswith(f"key {key}: 12 unseen levels, oracle ")
+    oracle_wins = int(lines[head].rsplit(" ", 1)[1])
+    assert oracle_wins >= 8
+    lessons = lines[head + 1:head + 3]
+    wins = [int(line.split("/12")[0].split()[-1]) for line in lessons]
+    assert oracle in lessons[0] and wins[0] == oracle_wins  # the bank's order
+    assert wins[1] < oracle_wins  # north from the top row: into the wall
+    handed = [w for line, w in zip(lessons, wins, strict=True) if line.split()[0] == "handed"]
+    assert len(handed) == 1  # retrieval hands one of the two (by its own ranking)
+    assert lines[-1] == (f"1 keys, 12 unseen levels of them: the lesson retrieval hands wins "
+                         f"{handed[0]}, the key's best lesson {oracle_wins}, the oracle's "
+                         f"lesson {oracle_wins}")
+
+
 def test_hardening_bank_replay_wants_a_run_folder(tmp_path):
     from crl_harness.experience.bank import ExperienceBank
 
@@ -420,10 +457,12 @@ def test_hardening_bank_replay_wants_a_run_folder(tmp_path):
     with ExperienceBank(tmp_path / "bank2.sqlite"):
         pass
     (tmp_path / "bank2.sqlite").replace(tmp_path / "bank.sqlite")
-    for setting, message in (("experience.min_query_coverage=2", "must be in [0, 1]"),
-                             ("experience.no_such_key=1", "no_such_key")):
+    for flags, message in ((["--set", "experience.min_query_coverage=2"], "must be in [0, 1]"),
+                           (["--set", "experience.no_such_key=1"], "no_such_key"),
+                           (["--key-levels", "0"], "--key-levels must be in 1..1000"),
+                           (["--key-levels", "4", "--scan", "0"], "--scan must be in 1..")):
         done = subprocess.run([sys.executable, str(EFFICACY.parent / "bank_replay.py"),
-                               str(tmp_path), "--set", setting], capture_output=True, text=True,
+                               str(tmp_path), *flags], capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 2 and message in done.stderr
         assert "Traceback" not in done.stderr
