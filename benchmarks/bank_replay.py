@@ -115,6 +115,19 @@ def replay_bank(cfg: Any, entries: list[Any]) -> tuple[list[RouteReplay], dict[i
     return replays, keys, len(entries) - sum(copies.values())
 
 
+def memory_copy(entries: list[Any]) -> tuple[Any, list[Any]]:
+    """An in-memory bank holding ``entries`` in their order, with their votes (which retrieval
+    ranks a key's lessons by), and the copies, one per entry."""
+    from crl_harness.experience import ExperienceBank
+
+    bank = ExperienceBank(":memory:")
+    copies = [bank.add(e.env_id, e.title, e.content) for e in entries]
+    for copy, entry in zip(copies, entries, strict=True):
+        if entry.votes > 0:  # a stored entry's votes are never below 0 (it is deleted there)
+            bank.vote(copy.id, entry.votes)
+    return bank, [bank.get(copy.id) for copy in copies]
+
+
 @dataclass
 class Handed:
     """A lesson retrieval hands a guided episode of a training level, played there."""
@@ -127,18 +140,15 @@ class Handed:
 
 def handed_lessons(cfg: Any, entries: list[Any], keys: dict[int, str | None]) -> list[Handed]:
     """What a guided episode of each training level retrieves from ``entries`` (the run's
-    retrieval settings, a fresh in-memory bank of the same entries in order), each lesson
-    played on the level."""
-    from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
+    retrieval settings, ``memory_copy``), each lesson played on the level."""
+    from crl_harness.experience import ExperienceManager, ManagerConfig
     from crl_harness.rollout import make_env
     from crl_harness.training.lesson_replay import LessonReplay
     from crl_harness.warmstart.routes import route_of
 
     env_entry = cfg.tasks.envs[0]
     seeds_of = levels_of_keys(keys)
-    bank = ExperienceBank(":memory:")
-    for entry in entries:
-        bank.add(entry.env_id, entry.title, entry.content)
+    bank, _ = memory_copy(entries)
     manager = ExperienceManager(bank, config=ManagerConfig.from_config(
         cfg.experience, cfg.exact_key_envs(), seed=cfg.run.seed))
     env = make_env(env_entry.id, manager, cfg.experience.k, **env_entry.kwargs)
@@ -182,19 +192,19 @@ def replay_on_key_levels(cfg: Any, entries: list[Any], per_key: int,
     policy the env reads) played on up to ``per_key`` held-out levels of the key, found among
     the first ``scan`` held-out levels; the oracle lesson of the key on the same levels; and
     which lesson a guided episode of the key's first such level is handed (the run's
-    retrieval settings, a fresh in-memory bank of the same entries in order)."""
+    retrieval settings, ``memory_copy``)."""
     import gymnasium as gym
 
     import crl_envs
-    from crl_harness.experience import ExperienceBank, ExperienceManager, ManagerConfig
-    from crl_harness.experience.retrieval import query_coverage, tokenize
+    from crl_harness.experience import ExperienceManager, ManagerConfig
     from crl_harness.rollout import make_env
     from crl_harness.training.lesson_replay import LessonReplay
 
     env_entry = cfg.tasks.envs[0]
     steps = int(env_entry.kwargs.get("max_episode_steps", 0)) or None
-    bank = ExperienceBank(":memory:")
-    ids = [bank.add(e.env_id, e.title, e.content).id for e in entries]
+    bank, copies = memory_copy(entries)
+    policies = [copy for copy in copies  # the lessons that state a policy the env reads
+                if crl_envs.lesson_policy(env_entry.id, copy.content) is not None]
     manager = ExperienceManager(bank, config=ManagerConfig.from_config(
         cfg.experience, cfg.exact_key_envs(), seed=cfg.run.seed))
     guided = make_env(env_entry.id, manager, cfg.experience.k, **env_entry.kwargs)
@@ -209,10 +219,8 @@ def replay_on_key_levels(cfg: Any, entries: list[Any], per_key: int,
                 levels[key].append(seed)
         results = []
         for key, seeds in levels.items():
-            words = tokenize(key)
-            own = [(i, e) for i, e in zip(ids, entries, strict=True)
-                   if query_coverage(words, tokenize(e.text)) >= 1.0
-                   and crl_envs.lesson_policy(env_entry.id, e.content) is not None]
+            # a lesson of the key as retrieval's coverage floor tells it
+            own = [copy for copy in policies if manager.retriever.is_own(env_entry.id, key, copy)]
             if not own:
                 continue
             oracle = crl_envs.transferable_lesson(env_entry.id, key, steps) if steps else None
@@ -220,10 +228,10 @@ def replay_on_key_levels(cfg: Any, entries: list[Any], per_key: int,
                 bool(replay.wins_following(env_entry.id, s, oracle[1])) for s in seeds)
             lessons = [(e.content, e.votes,
                         sum(bool(replay.wins_following(env_entry.id, s, e.content))
-                            for s in seeds)) for _, e in own]
+                            for s in seeds)) for e in own]
             shown = guided.reset(seed=seeds[0], options={"use_experience": True})[1]
-            handed = next((n for n, (i, _) in enumerate(own)
-                           if i in (shown.get("experience_ids") or [])), None)
+            handed = next((n for n, e in enumerate(own)
+                           if e.id in (shown.get("experience_ids") or [])), None)
             results.append(KeyReplay(key, len(seeds), oracle_wins, lessons, handed))
     finally:
         guided.close()
