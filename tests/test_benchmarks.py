@@ -396,6 +396,26 @@ def test_bank_replay_plays_each_route_lesson_on_its_level(tmp_path, monkeypatch)
         in no_floor.stdout
 
 
+def test_bank_replay_copies_the_bank_with_its_votes(monkeypatch):
+    """The retrievals replayed rank a key's lessons as the run's bank does: by their votes too,
+    so the in-memory copy keeps them (it once dropped them)."""
+    from crl_harness.experience.entries import ExperienceEntry
+
+    monkeypatch.syspath_prepend(str(EFFICACY.parent))
+    import bank_replay
+
+    entries = [ExperienceEntry("a", "CRL/MiniHackRoom-v0", "Winning moves from k", "play south.",
+                               "g1", votes=3),
+               ExperienceEntry("b", "CRL/MiniHackRoom-v0", "Winning moves from k", "play north.",
+                               "g2", votes=0)]
+    bank, copies = bank_replay.memory_copy(entries)
+    try:
+        assert [(c.content, c.votes) for c in copies] == [("play south.", 3), ("play north.", 0)]
+        assert [e.votes for e in bank.entries()] == [3, 0]
+    finally:
+        bank.close()
+
+
 def test_bank_replay_key_levels_plays_a_keys_lessons_on_its_unseen_levels(tmp_path):
     """``--key-levels``: the oracle's own lesson of a key, stored in the bank, wins exactly as
     often as the oracle column says; a lesson that walks into the wall wins less; the totals
