@@ -34,6 +34,17 @@ REPLAY_SEED_OFFSET`` and reading ``info["retrieval_query"]``), beside the oracle
 lesson of the key (``crl_envs.transferable_lesson``) on the same levels: their win rates and
 ratio say whether the extractor's lessons transfer as the oracle's do. An answer that adds no
 lesson a policy reads loses its levels; a key the env writes no lesson for is left out.
+
+With ``--actor-episodes N`` the extractor also answers a frozen set of transcripts the actor
+played, not the oracle: the config's starting actor plays N held-out levels (from
+``tasks.heldout_offset + ACTOR_SEED_OFFSET``) shown no lesson, sampled at ``actor.temperature``
+with the seed ``run.seed`` (the same actor, engine and seed give the same set; its fingerprint
+is printed and kept). These are the transcripts training distils. The taught answer is as
+above: a won episode adds its own lesson (the key's, with ``extractor_lesson`` ``key``), a lost
+one returns (rows ``actor: add`` and ``actor: return``); with ``--replay-levels`` the greedy adds
+of the won ones are replayed beside the oracle's lesson as well. The oracle's episodes and the
+actor's can teach apart: an extractor that copies what the oracle played writes the oracle's
+lesson from the oracle's moves and the actor's moves from the actor's.
 """
 
 from __future__ import annotations
@@ -44,12 +55,16 @@ import random
 import time
 from pathlib import Path
 
-CASES = ("add", "return", "return, misled", "upvote", "downvote")
+CASES = ("add", "return", "return, misled", "upvote", "downvote", "actor: add", "actor: return")
 REPLAY_SEED_OFFSET = 100_000
 """replay levels start this far past ``tasks.heldout_offset``: past the episodes' levels"""
 REPLAY_SCAN = 400
 """levels reset per replay level asked, at most, to find the keys' levels (a start cell with
 nothing in view is about one level in 40; a key that shows the stairs, one in 600)"""
+ACTOR_SEED_OFFSET = 200_000
+"""the actor's episodes (``--actor-episodes``) start this far past ``tasks.heldout_offset``: past
+the taught cases' levels and the replay levels"""
+MAX_ACTOR_EPISODES = 512
 
 
 def case_of(episode) -> str:
@@ -77,6 +92,43 @@ def heldout_episodes(cfg, backend, count: int) -> list:
         raise SystemExit(f"the oracle gave {len(episodes)} of {count} episodes in {len(seeds)} "
                          "held-out levels; ask for fewer")
     return episodes
+
+
+def actor_episodes(cfg, count: int, dtype: str) -> tuple[list, str]:
+    """``count`` episodes of the config's starting actor on held-out levels from
+    ``tasks.heldout_offset + ACTOR_SEED_OFFSET``, shown no lesson, sampled at
+    ``actor.temperature`` with the seed ``run.seed``, as ``AdvisedEpisode`` objects whose ``add``
+    teaches the lesson the warm start would (``warmstart.extractor_lesson``); and the
+    fingerprint of their transcripts and replies (equal fingerprints: the same frozen set)."""
+    import hashlib
+    from contextlib import closing
+
+    from crl_harness.eval import evaluate
+    from crl_harness.eval.heldout import load_actor
+    from crl_harness.rollout import EpisodeSpec, RolloutConfig
+    from crl_harness.warmstart.data import AdvisedEpisode
+    from crl_harness.warmstart.lessons import KeyLessons
+
+    entry = cfg.tasks.envs[0]
+    start = cfg.tasks.heldout_offset + ACTOR_SEED_OFFSET
+    specs = [EpisodeSpec(entry.id, seed, group_id=i, options=dict(entry.options) or None)
+             for i, seed in enumerate(range(start, start + count))]
+    rollout = RolloutConfig.from_config(cfg, actor_critic_gate=False, search_and_ask=False,
+                                        max_live=64, seed=cfg.run.seed)
+    backend = load_actor(cfg, cfg.starting_model(), dtype)
+    try:
+        played = evaluate(cfg.starting_model(), specs, backend=backend, rollout=rollout)
+    finally:
+        backend.close()
+    played = sorted((t for t in played if not t.error), key=lambda t: t.seed)
+    keyed = cfg.warmstart.extractor_lesson == "key"
+    with closing(KeyLessons(entry.id, dict(entry.kwargs), dict(entry.options) or None)) as lessons:
+        episodes = [AdvisedEpisode(t, None, followed=False,
+                                   own=lessons(t.seed) if keyed else None) for t in played]
+    # the replies too: two sets of transcripts can read alike where every reply failed the format
+    digest = hashlib.sha256("\n".join(t.transcript + "".join(turn.text for turn in t.turns)
+                                      for t in played).encode()).hexdigest()[:12]
+    return episodes, digest
 
 
 def taught(episode, cfg) -> tuple[str, tuple]:
@@ -170,35 +222,47 @@ def replay_lessons(cfg, added: list[tuple[str, str | None]], count: int) -> dict
 
 
 def measure(cfg, extractor: str, dtype: str, count: int, samples: int,
-            replay_levels: int = 0) -> dict:
+            replay_levels: int = 0, actor_count: int = 0) -> dict:
     """Play ``count`` episodes of the taught cases on ``cfg``'s held-out levels and ask
     ``extractor`` (a model spec) for each one's operations, greedy and ``samples`` times at
     ``cfg.extractor.temperature``; print and return, per label and case, how many answers were
     right, other and malformed; with ``replay_levels``, also the replay of the greedy answers'
-    added lessons (``replay_lessons``)."""
+    added lessons (``replay_lessons``); with ``actor_count``, the same for that many episodes
+    the actor played (``actor_episodes``), played first, before the extractor's engine starts."""
     from crl_harness.eval.heldout import load_actor
+
+    played, fingerprint = actor_episodes(cfg, actor_count, dtype) if actor_count else ([], None)
 
     # on the engine training distils with (extractor.rollout_engine): vLLM answered the 96
     # prompts of 48 episodes in half of transformers' time (benchmarks/RESULTS.md)
     backend = load_actor(cfg, extractor, dtype, role="extractor")
     try:
-        return _ask(cfg, backend, extractor, dtype, count, samples, replay_levels)
+        results = _ask(cfg, backend, extractor, dtype, count, samples, replay_levels, played)
     finally:
         backend.close()
+    if fingerprint is not None:
+        results["actor_episodes"] = {"episodes": len(played), "won": sum(
+            e.trajectory.won for e in played), "fingerprint": fingerprint}
+        print(f"  the actor's episodes: {len(played)}, {results['actor_episodes']['won']} won; "
+              f"transcripts' fingerprint {fingerprint}")
+    return results
 
 
 def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int,
-         replay_levels: int) -> dict:
+         replay_levels: int, played: list) -> dict:
     from crl_harness.eval import wilson_interval
 
-    episodes = heldout_episodes(cfg, backend, count)
+    oracle_played = heldout_episodes(cfg, backend, count)
+    episodes = oracle_played + played
+    cases = [case_of(e) for e in oracle_played] + [f"actor: {case_of(e)}" for e in played]
     asked = [taught(e, cfg) for e in episodes]
     prompts = [[{"role": "user", "content": prompt}] for prompt, _ in asked]
     print(f"extractor quality: {extractor} ({dtype}) on {cfg.tasks.envs[0].id}, {count} "
           f"episodes of the taught cases from held-out level {cfg.tasks.heldout_offset}",
           flush=True)
     results: dict[str, dict] = {}
-    added: list[tuple[str, str | None]] = []  # the greedy add cases: key, lesson added
+    # the greedy add cases, the oracle's and the actor's: key, lesson added
+    added: dict[str, list[tuple[str, str | None]]] = {"add": [], "actor: add": []}
     for label, temperature, repeats in (("greedy", 0.0, 1),
                                         (f"T={cfg.extractor.temperature}",
                                          cfg.extractor.temperature, samples)):
@@ -208,15 +272,16 @@ def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int,
         for _ in range(repeats):
             answers = backend.generate(prompts, max_new_tokens=cfg.extractor.max_new_tokens,
                                        temperature=temperature, top_p=cfg.extractor.top_p)
-            for episode, answer, (_, ops) in zip(episodes, answers, asked, strict=True):
+            for episode, case, answer, (_, ops) in zip(episodes, cases, answers, asked,
+                                                       strict=True):
                 shown = int(episode.advice is not None)
                 kind = verdict(answer.text, shown, ops)
-                if temperature == 0.0 and case_of(episode) == "add":
-                    added.append((episode.trajectory.retrieval_key,
-                                  added_lesson(answer.text, shown)))
-                counts[case_of(episode)][kind] += 1
+                if temperature == 0.0 and case in added:
+                    added[case].append((episode.trajectory.retrieval_key,
+                                        added_lesson(answer.text, shown)))
+                counts[case][kind] += 1
                 if kind != "right" and len(examples) < 3:
-                    examples.append(f"{case_of(episode)}: {answer.text[:150]!r}")
+                    examples.append(f"{case}: {answer.text[:150]!r}")
         results[label] = {"counts": counts, "seconds": time.perf_counter() - started}
         for case, row in counts.items():
             n = sum(row.values())
@@ -228,11 +293,13 @@ def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int,
                   f"{row['other']}, malformed {row['malformed']}", flush=True)
         for text in examples:
             print(f"    e.g. {text}")
-    if replay_levels:
-        results["replay"] = replayed = replay_lessons(cfg, added, replay_levels)
+    for case, name in (("add", "replay"), ("actor: add", "actor replay")):
+        if not replay_levels or not added[case]:
+            continue
+        results[name] = replayed = replay_lessons(cfg, added[case], replay_levels)
         n = replayed["levels"]
         mine, oracle = replayed["extractor_wins"], replayed["oracle_wins"]
-        print(f"  replayed on up to {replay_levels} unseen levels of each add case's key "
+        print(f"  {case}: replayed on up to {replay_levels} unseen levels of each case's key "
               f"({replayed['keyed']} of {replayed['cases']} cases with an oracle lesson and such "
               f"levels, "
               f"{n} levels): the extractor's lessons win {mine}/{n} = "
@@ -263,9 +330,13 @@ def main() -> None:
     parser.add_argument("--replay-levels", type=int, default=0,
                         help="replay each greedy add answer's lesson on this many unseen levels "
                              "of its key, beside the oracle's lesson (0..64; 0: off)")
+    parser.add_argument("--actor-episodes", type=int, default=0, metavar="N",
+                        help="also a frozen set of N transcripts the config's starting actor "
+                             f"plays (0..{MAX_ACTOR_EPISODES}; 0: off)")
     parser.add_argument("--out", default="runs/extractor-quality")
     args = parser.parse_args()
-    for name, low, high in (("episodes", 4, 300), ("samples", 0, 8), ("replay_levels", 0, 64)):
+    for name, low, high in (("episodes", 4, 300), ("samples", 0, 8), ("replay_levels", 0, 64),
+                            ("actor_episodes", 0, MAX_ACTOR_EPISODES)):
         if not low <= getattr(args, name) <= high:
             parser.error(f"--{name.replace('_', '-')} must be in {low}..{high}")
 
@@ -277,12 +348,13 @@ def main() -> None:
         parser.error(str(err))
     extractor = args.extractor or cfg.starting_model("extractor")
     results = measure(cfg, extractor, args.dtype or cfg.extractor.dtype, args.episodes,
-                      args.samples, args.replay_levels)
+                      args.samples, args.replay_levels, args.actor_episodes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "extractor_quality.json").write_text(json.dumps(
         {"extractor": extractor, "config": args.config, "overrides": args.set,
-         "episodes": args.episodes, "replay_levels": args.replay_levels, "results": results},
+         "episodes": args.episodes, "replay_levels": args.replay_levels,
+         "actor_episodes": args.actor_episodes, "results": results},
         indent=2))
     print(f"wrote {out / 'extractor_quality.json'}")
 

@@ -44,6 +44,8 @@ TEST_TIME = Path(__file__).resolve().parents[1] / "benchmarks" / "test_time_chec
     (QUALITY, ["--episodes", "301"], "--episodes must be in 4..300"),
     (QUALITY, ["--replay-levels", "-1"], "--replay-levels must be in 0..64"),
     (QUALITY, ["--replay-levels", "65"], "--replay-levels must be in 0..64"),
+    (QUALITY, ["--actor-episodes", "-1"], "--actor-episodes must be in 0..512"),
+    (QUALITY, ["--actor-episodes", "513"], "--actor-episodes must be in 0..512"),
     (QUALITY, ["--set", "extractor.rollout_engine=tgi"], "extractor.rollout_engine"),
     (LATENCY, ["--batches", "0"], "--batches takes 1..8 sizes, each in 1..256"),
     (LATENCY, ["--batches", *["1"] * 9], "--batches takes 1..8 sizes, each in 1..256"),
@@ -534,6 +536,46 @@ def test_extractor_quality_counts_each_taught_case_right_other_or_malformed(tmp_
         if case == "return, misled":  # another level's route, followed and lost: not its fault
             wrong = '<answer>[{"op": "downvote", "target_idx": 0}]</answer>'
             assert quality.verdict(wrong, shown, ops) == "other"
+
+
+def test_extractor_quality_actor_episodes_are_a_frozen_set_taught_as_the_warm_start_teaches(
+        tmp_path):
+    """``--actor-episodes``: the config's starting actor plays held-out levels past the taught
+    cases' and the replay levels, shown nothing; the same actor and seed give the same
+    transcripts (the fingerprint), another seed other ones; a won episode is taught to add the
+    key's lesson (``extractor_lesson`` ``key``), a lost one to return."""
+    import importlib.util
+
+    from crl_harness.config import load_config
+    from crl_harness.models.tiny import build_tiny_model
+    from crl_harness.warmstart.data import taught_answer
+
+    spec = importlib.util.spec_from_file_location("extractor_quality", QUALITY)
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+    tiny = build_tiny_model(tmp_path / "tiny", hidden_size=64)
+    settings = [f"actor.model=hf:{tiny}", "actor.lora.enabled=false", "actor.lora.init_from=null",
+                "actor.rollout_engine=hf",
+                "actor.max_new_tokens=8", "warmstart.extractor_lesson=key"]
+    cfg = load_config("cpu-demo", settings)
+    episodes, fingerprint = quality.actor_episodes(cfg, 3, "float32")
+    again, same = quality.actor_episodes(cfg, 3, "float32")
+    _, other = quality.actor_episodes(load_config("cpu-demo", [*settings, "run.seed=1"]), 3,
+                                      "float32")
+    assert fingerprint == same != other
+    start = cfg.tasks.heldout_offset + quality.ACTOR_SEED_OFFSET
+    assert [e.trajectory.seed for e in episodes] == [start, start + 1, start + 2]
+    for episode in episodes:
+        assert episode.advice is None and episode.trajectory.turns
+        assert "## Lessons the agent was given for this episode (numbered)\n(none)" in \
+            quality.taught(episode, cfg)[0]
+        # the tiny actor loses; had it won, the answer would add the key's lesson
+        assert taught_answer(episode) == '<answer>[{"op": "return"}]</answer>'
+        assert quality.case_of(episode) == "return"
+        episode.trajectory.won = True
+        assert quality.case_of(episode) == "add"
+        assert episode.own.title in taught_answer(episode)
+        assert episode.own.content in taught_answer(episode)
 
 
 def test_extractor_quality_replays_added_lessons_on_unseen_levels_of_their_key():
