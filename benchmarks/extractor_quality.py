@@ -55,7 +55,9 @@ import random
 import time
 from pathlib import Path
 
-CASES = ("add", "return", "return, misled", "upvote", "downvote", "actor: add", "actor: return")
+CASES = ("add", "return", "return, misled", "upvote", "downvote")
+ACTOR_CASES = ("actor: add", "actor: return")
+"""the rows of the actor's episodes (``--actor-episodes``): shown nothing, they add or return"""
 REPLAY_SEED_OFFSET = 100_000
 """replay levels start this far past ``tasks.heldout_offset``: past the episodes' levels"""
 REPLAY_SCAN = 400
@@ -267,7 +269,7 @@ def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int,
                                         (f"T={cfg.extractor.temperature}",
                                          cfg.extractor.temperature, samples)):
         started = time.perf_counter()
-        counts = {case: {"right": 0, "other": 0, "malformed": 0} for case in CASES}
+        counts = {case: {"right": 0, "other": 0, "malformed": 0} for case in CASES + ACTOR_CASES}
         examples = []
         for _ in range(repeats):
             answers = backend.generate(prompts, max_new_tokens=cfg.extractor.max_new_tokens,
