@@ -42,9 +42,8 @@ with the seed ``run.seed`` (the same actor, engine and seed give the same set; i
 is printed and kept). These are the transcripts training distils. The taught answer is as
 above: a won episode adds its own lesson (the key's, with ``extractor_lesson`` ``key``), a lost
 one returns (rows ``actor: add`` and ``actor: return``); with ``--replay-levels`` the greedy adds
-of the won ones are replayed beside the oracle's lesson as well. The oracle's episodes and the
-actor's can teach apart: an extractor that copies what the oracle played writes the oracle's
-lesson from the oracle's moves and the actor's moves from the actor's.
+of the won ones are replayed beside the oracle's lesson as well. Why both: an extractor that
+copied what was played would look right on the oracle's episodes and wrong on the actor's.
 """
 
 from __future__ import annotations
@@ -233,7 +232,9 @@ def measure(cfg, extractor: str, dtype: str, count: int, samples: int,
     the actor played (``actor_episodes``), played first, before the extractor's engine starts."""
     from crl_harness.eval.heldout import load_actor
 
-    played, fingerprint = actor_episodes(cfg, actor_count, dtype) if actor_count else ([], None)
+    # the actor in its own dtype (``dtype`` is the extractor's)
+    played, fingerprint = actor_episodes(cfg, actor_count, cfg.actor.dtype) if actor_count \
+        else ([], None)
 
     # on the engine training distils with (extractor.rollout_engine): vLLM answered the 96
     # prompts of 48 episodes in half of transformers' time (benchmarks/RESULTS.md)
