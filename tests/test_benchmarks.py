@@ -732,3 +732,48 @@ def test_key_coverage_counts_the_held_out_levels_whose_key_training_plays():
     pool = int(lines[2].split(": ")[-1].split("/")[0])
     assert lines[2].startswith("the whole pool (32 levels of 32 keys)")
     assert 0 < schedule <= pool <= 24
+
+
+def test_trainer_step_bench_distill_first_waits_for_the_steps_distillations(tmp_path,
+                                                                             monkeypatch):
+    """``--distill-first``: the wrapped ``submit`` returns once every request is distilled into
+    the bank (the actor's update is then timed alone) and records the wait; unwrapped, a slow
+    extractor's lesson is not in the bank yet when ``submit`` returns."""
+    import json as json_module
+    import re
+    import time
+
+    monkeypatch.syspath_prepend(str(EFFICACY.parent))
+    import trainer_step_bench
+
+    from crl_harness.experience import DistillationRequest, ExperienceBank, ExperienceManager
+
+    def slow_extractor(prompt: str) -> str:
+        time.sleep(0.3)
+        task = re.search(r"## Task of the episode\n(.*)\n", prompt).group(1)
+        op = {"op": "add", "title": f"stairs of {task}", "content": f"{task}: walk south."}
+        return f"<answer>{json_module.dumps([op])}</answer>"
+
+    class Owner:  # the trainer's ExperienceService, as far as a step's submit and flush go
+        def __init__(self, manager):
+            self.manager = manager
+
+        def submit(self, requests):
+            for request in requests:
+                self.manager.submit(request)
+
+        def flush(self, timeout=None):
+            return self.manager.flush(timeout)
+
+    requests = [DistillationRequest("CRL/MiniHackRoom-v0", f"level {i}", "obs: a room", True,
+                                    1.0, [], step=1) for i in range(2)]
+    for first in (False, True):
+        with ExperienceBank(tmp_path / f"bank-{first}.sqlite") as bank, \
+                ExperienceManager(bank, slow_extractor) as manager:
+            owner, waits = Owner(manager), []
+            if first:
+                owner.submit = trainer_step_bench._then_flush(owner, waits)
+            owner.submit(requests)
+            assert (len(bank) == 2) is first
+            assert len(waits) == int(first) and all(w >= 0.3 for w in waits)
+            assert manager.flush(timeout=30) and len(bank) == 2
