@@ -736,20 +736,22 @@ def test_key_coverage_counts_the_held_out_levels_whose_key_training_plays():
 
 def test_trainer_step_bench_distill_first_waits_for_the_steps_distillations(tmp_path,
                                                                              monkeypatch):
-    """The ``-distill-first`` sides: the wrapped ``submit`` returns once every request is
+    """The ``-distill-first`` sides: the wrapped ``submit`` returns only once every request is
     distilled into the bank (the actor's update is then timed alone) and records the wait;
-    unwrapped, a slow extractor's lessons are not in the bank yet when ``submit`` returns."""
+    unwrapped, ``submit`` returns while the extractor is still held back, the bank empty."""
     import json as json_module
     import re
-    import time
+    import threading
 
     monkeypatch.syspath_prepend(str(EFFICACY.parent))
     import trainer_step_bench
 
     from crl_harness.experience import DistillationRequest, ExperienceBank, ExperienceManager
 
-    def slow_extractor(prompt: str) -> str:
-        time.sleep(1.0)
+    gate = threading.Event()  # the extractor answers only once the gate opens
+
+    def held_extractor(prompt: str) -> str:
+        assert gate.wait(timeout=30)
         task = re.search(r"## Task of the episode\n(.*)\n", prompt).group(1)
         op = {"op": "add", "title": f"stairs of {task}", "content": f"{task}: walk south."}
         return f"<answer>{json_module.dumps([op])}</answer>"
@@ -768,12 +770,19 @@ def test_trainer_step_bench_distill_first_waits_for_the_steps_distillations(tmp_
     requests = [DistillationRequest("CRL/MiniHackRoom-v0", f"level {i}", "obs: a room", True,
                                     1.0, [], step=1) for i in range(2)]
     for first in (False, True):
+        gate.clear()
         with ExperienceBank(tmp_path / f"bank-{first}.sqlite") as bank, \
-                ExperienceManager(bank, slow_extractor) as manager:
+                ExperienceManager(bank, held_extractor) as manager:
             owner, waits = Owner(manager), []
             if first:
                 owner.submit = trainer_step_bench._then_flush(owner, waits)
-            owner.submit(requests)
-            assert (len(bank) == 2) is first
-            assert len(waits) == int(first) and all(w >= 1.0 for w in waits)
+                opener = threading.Timer(0.5, gate.set)  # submit cannot return before this
+                opener.start()
+                owner.submit(requests)
+                opener.join()
+                assert len(bank) == 2 and len(waits) == 1 and waits[0] >= 0.5
+            else:
+                owner.submit(requests)
+                assert len(bank) == 0 and waits == []
+                gate.set()
             assert manager.flush(timeout=30) and len(bank) == 2
