@@ -224,6 +224,11 @@ class WarmStartConfig:
     extractor_epochs: Optional[int] = bounded(None, ge=1)  # noqa: UP045 (OmegaConf reads typing.Optional)
     """the extractor's epochs; null: ``epochs`` (its samples are many and alike: one pass
     may do where the actor's few episodes need several)"""
+    extractor_init_from: Optional[str] = None  # noqa: UP045 (OmegaConf reads typing.Optional)
+    """an extractor adapter folder (a warm start's ``OUT/extractor``) whose adapters the
+    extractor's fit continues instead of fresh ones: more samples or epochs on top of a warm
+    start already made, without fitting it again from the start (move ``seed_offset`` for
+    levels it has not seen); null (the default): fresh adapters of ``lora``'s shape"""
     batch_size: int = bounded(8, ge=1)
     """samples per optimiser step"""
     lr: float = bounded(1.0e-3, gt=0, le=1)

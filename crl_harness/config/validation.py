@@ -179,6 +179,9 @@ def _validate(cfg: TrainConfig, source: str) -> None:
         fail("warmstart.model", f"'{w.model}' cannot be fine-tuned here; use hf:NAME_OR_PATH")
     if not w.lora.enabled:
         fail("warmstart.lora.enabled", "the warm start trains LoRA adapters only; keep it true")
+    problem = _warm_extractor_init_problem(w)
+    if problem is not None:
+        fail(*problem)
     warm = w.seeds()
     for name, seeds in (("held-out", ranges["held-out"]), ("warm-start", warm)):
         inside = sorted(s for s in t.seeds or () if s in seeds)
@@ -225,8 +228,8 @@ def _lora_init_problem(cfg: TrainConfig, learner: str, *, at_load: bool = True
     model: LoRA is off, the folder holds no adapters, or they were trained on another base. At
     load, the config's own warm start output passes until it holds adapters (``crl warmstart``
     writes them)."""
-    from crl_harness.models.base import ModelLoadError, ModelNotFoundError
-    from crl_harness.models.model_folder import adapter_base, is_adapter_folder
+    from crl_harness.models.base import ModelNotFoundError
+    from crl_harness.models.model_folder import is_adapter_folder
     from crl_harness.models.names import resolve_model_path
 
     section = getattr(cfg, learner)
@@ -246,14 +249,26 @@ def _lora_init_problem(cfg: TrainConfig, learner: str, *, at_load: bool = True
         return key, (f"{lora.init_from} is not a LoRA adapter folder (no adapter_config.json); "
                      "give one written by crl warmstart (e.g. assets/warmstart/cpu-demo/actor) "
                      "or a LoRA run's checkpoints/step-N/actor_hf")
+    spec = cfg.actor.model if learner == "extractor" and cfg.extractor.model == "same" \
+        else section.model
+    model_key = f"{learner}.model" if spec == section.model else "actor.model"
+    return _adapter_base_problem(folder, key, spec, model_key)
+
+
+def _adapter_base_problem(folder: Path, key: str, spec: str, model_key: str
+                          ) -> tuple[str, str] | None:
+    """``(key, why)`` when the adapters in ``folder`` (set by ``key``) cannot be continued on
+    ``spec`` (the model ``model_key`` names): that model is itself an adapter folder, or the
+    adapters were trained on another base."""
+    from crl_harness.models.base import ModelLoadError, ModelNotFoundError
+    from crl_harness.models.model_folder import adapter_base, is_adapter_folder
+    from crl_harness.models.names import resolve_model_path
+
     try:
         base = adapter_base(folder)
     except ModelLoadError as err:
         return key, str(err)
-    spec = cfg.actor.model if learner == "extractor" and cfg.extractor.model == "same" \
-        else section.model
     model = spec.removeprefix("hf:")
-    model_key = f"{learner}.model" if spec == section.model else "actor.model"
     try:
         model_is_adapter = is_adapter_folder(Path(resolve_model_path(model)).expanduser())
     except ModelNotFoundError:
@@ -263,9 +278,33 @@ def _lora_init_problem(cfg: TrainConfig, learner: str, *, at_load: bool = True
                      f"load, so the adapters would count twice); with {key} give the base: "
                      f"{model_key}=hf:{base}")
     if _model_key(base) != _model_key(model):
-        return key, (f"{lora.init_from} holds adapters of {base}, not of {model_key} {spec}; "
+        return key, (f"{folder} holds adapters of {base}, not of {model_key} {spec}; "
                      f"set {model_key}=hf:{base} or give adapters of {model}")
     return None
+
+
+def _warm_extractor_init_problem(w: Any) -> tuple[str, str] | None:
+    """``(key, why)`` when ``warmstart.extractor_init_from`` cannot be continued by the warm
+    start's extractor fit: no adapter folder there, or adapters of another base than
+    ``warmstart.model``."""
+    from crl_harness.models.base import ModelNotFoundError
+    from crl_harness.models.model_folder import is_adapter_folder
+    from crl_harness.models.names import resolve_model_path
+
+    key = "warmstart.extractor_init_from"
+    if w.extractor_init_from is None:
+        return None
+    if not w.extractor_samples:
+        return key, ("continues an extractor on new samples, but warmstart.extractor_samples is "
+                     "0 (nothing to fit); set it, or leave the key null")
+    try:
+        folder = Path(resolve_model_path(w.extractor_init_from)).expanduser()
+    except ModelNotFoundError as err:
+        return key, str(err)
+    if not is_adapter_folder(folder):
+        return key, (f"{w.extractor_init_from} is not a LoRA adapter folder (no "
+                     "adapter_config.json); give an extractor a warm start wrote (OUT/extractor)")
+    return _adapter_base_problem(folder, key, w.model, "warmstart.model")
 
 
 def own_warm_start(cfg: TrainConfig, learner: str) -> bool:

@@ -336,11 +336,16 @@ def _warm_extractor(cfg: TrainConfig, out: Path, rng: random.Random,
         + ", ".join(f"{n} {name}" for name, n in counts.items()) + f") in {data_time:.0f} s")
     t1 = time.perf_counter()
     epochs = w.epochs if w.extractor_epochs is None else w.extractor_epochs
+    lora = w.lora if w.extractor_init_from is None \
+        else dataclasses.replace(w.lora, init_from=w.extractor_init_from)
     learner, losses = fit(backend.model, rows, lr=w.lr, epochs=epochs, batch_size=w.batch_size,
-                          lora=w.lora, seed=cfg.run.seed, log=log, label="extractor")
+                          lora=lora, seed=cfg.run.seed, log=log, label="extractor")
+    continued = "" if w.extractor_init_from is None \
+        else f", continuing the adapters of {w.extractor_init_from}"
     save_adapter(learner, out / "extractor", w.model, command=f"crl warmstart {cfg.name}",
                  trained_on=f"{len(rows)} experience-extractor answers to oracle episodes of "
-                            f"{', '.join(e.id for e in envs)}, supervised (crl-gym's warm start)")
+                            f"{', '.join(e.id for e in envs)}, supervised (crl-gym's warm "
+                            f"start){continued}")
     return {"extractor_rows": len(rows), "extractor_classes": counts,
             "extractor_prompt_tokens": sum(len(s.prompt_token_ids) for s in samples),
             "extractor_loss_first": losses[0], "extractor_loss_last": losses[-1],

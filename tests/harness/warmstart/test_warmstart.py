@@ -606,6 +606,48 @@ def test_warmstart_only_extractor_keeps_the_actor_and_its_record(tiny, tmp_path)
     assert again["extractor_classes"] == {name: 2 for name in ANSWER_CLASSES}
 
 
+def test_warmstart_extractor_init_from_continues_a_made_extractor(tiny, tmp_path):
+    settings = ("warmstart.extractor_samples=4", "warmstart.lr=0.01")
+    first = run_warmstart(_config(tiny, tmp_path, *settings), log=lambda _: None,
+                          only="extractor")
+    made = tmp_path / "made"
+    (tmp_path / "run" / "warmstart" / "extractor").rename(made)
+    # the same samples in the same order again: fresh adapters start from the first fit's first
+    # loss, continued ones lower
+    fresh = run_warmstart(_config(tiny, tmp_path, *settings), log=lambda _: None,
+                          only="extractor")
+    assert fresh["extractor_losses"][0] == pytest.approx(first["extractor_losses"][0])
+    cont = run_warmstart(_config(tiny, tmp_path, *settings,
+                                 f"warmstart.extractor_init_from={made}"),
+                         log=lambda _: None, only="extractor")
+    # the first batch again: about 5.96 fresh, about 5.85 after the first fit's two epochs
+    assert cont["extractor_losses"][0] < fresh["extractor_losses"][0] - 0.05
+    assert cont["config"]["extractor_init_from"] == str(made)
+    out = tmp_path / "run" / "warmstart" / "extractor"
+    assert f"continuing the adapters of {made}" in (out / "README.md").read_text()
+    shape = json.loads((out / "adapter_config.json").read_text())
+    assert shape["r"] == json.loads((made / "adapter_config.json").read_text())["r"]
+
+
+def test_hardening_warmstart_extractor_init_from_bad_values(tiny, tmp_path):
+    other = tmp_path / "other-base"
+    other.mkdir()
+    (other / "adapter_config.json").write_text(json.dumps(
+        {"base_model_name_or_path": str(tmp_path / "another-model")}))
+    (other / "adapter_model.safetensors").write_bytes(b"")
+    for override, match in ((f"warmstart.extractor_init_from={tmp_path}",
+                             "warmstart.extractor_init_from.*not a LoRA adapter folder"),
+                            (f"warmstart.extractor_init_from={tmp_path}/none",
+                             "warmstart.extractor_init_from"),
+                            (f"warmstart.extractor_init_from={other}",
+                             "holds adapters of .*another-model, not of warmstart.model")):
+        with pytest.raises(ConfigError, match=match):
+            _config(tiny, tmp_path, override)
+    with pytest.raises(ConfigError, match="extractor_init_from.*extractor_samples is 0"):
+        _config(tiny, tmp_path, f"warmstart.extractor_init_from={other}",
+                "warmstart.extractor_samples=0")
+
+
 def test_warmstart_lesson_fraction_teaches_the_actor_lessons(tiny, tmp_path):
     out = run_warmstart(_config(tiny, tmp_path, "warmstart.epochs=1",
                                 "warmstart.experience_fraction=0", "warmstart.lesson_fraction=1"),
