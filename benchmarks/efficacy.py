@@ -140,7 +140,10 @@ def run_arm(levels: int, quality_episodes: int, report_to: list[str], *run: obje
 def finished_run(cfg, parser: argparse.ArgumentParser) -> bool:
     """Whether ``cfg``'s run folder holds a finished run (``heldout.json``) of this very config
     (``--reuse``); a finished run of another config there is a usage error that names the first
-    setting that differs."""
+    setting that differs. Two settings do not make another run: ``run.output_dir`` (a run folder
+    moved or linked into ``--out``) and, for arm none, the ``extractor`` section (that arm
+    neither loads nor trains an extractor), so one arm none run pairs with experience arms whose
+    extractors differ."""
     from crl_harness.config import config_to_dict
     from crl_harness.models.engines import SAMPLING_ENGINES
 
@@ -157,6 +160,10 @@ def finished_run(cfg, parser: argparse.ArgumentParser) -> bool:
         if wanted[role]["rollout_engine"] == "auto" and \
                 _at(saved, f"{role}.rollout_engine") in SAMPLING_ENGINES:
             wanted[role]["rollout_engine"] = saved[role]["rollout_engine"]
+    if isinstance(saved.get("run"), dict) and "output_dir" in saved["run"]:
+        wanted["run"]["output_dir"] = saved["run"]["output_dir"]
+    if cfg.arm == "none" and "extractor" in saved:
+        wanted["extractor"] = saved["extractor"]
     if saved != wanted:
         key = _first_difference(saved, wanted)
         parser.error(f"--reuse: {run_dir} holds a run of another config ({key}: "
@@ -408,7 +415,8 @@ def main() -> None:
                              "48, 0 skips it)")
     parser.add_argument("--reuse", action="store_true",
                         help="read the runs --out already holds instead of training them again "
-                             "(a run folder with heldout.json and this invocation's config): "
+                             "(a run folder with heldout.json and this invocation's config, "
+                             "linked or moved there too; arm none's whatever the extractor): "
                              "e.g. --repeats 2 after a --repeats 1 trains the second seed only")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs trained at once, each in its own process (default 1: a "

@@ -277,6 +277,22 @@ def test_hardening_efficacy_reuse_reads_a_finished_run_of_the_same_config_only(m
     with pytest.raises(SystemExit):
         efficacy.finished_run(other, parser)
     assert "holds a run of another config (run.steps: 6 there, 4 now)" in capsys.readouterr().err
+    # moved into another --out, and for arm none another extractor: the same run
+    moved = dict(trained, run={**trained["run"], "output_dir": "/elsewhere/none-seed0"},
+                 extractor={**trained["extractor"], "temperature": 0.3})
+    (run_dir / "config.json").write_text(json.dumps(moved))
+    assert efficacy.finished_run(cfg, parser)
+    coevolve = efficacy.run_config("cpu-demo", "co-evolve", None, 0, 6, tmp_path, [])
+    coevolve_dir = Path(coevolve.run.output_dir)
+    coevolve_dir.mkdir(parents=True)
+    (coevolve_dir / "heldout.json").write_text(json.dumps({"outcomes": {}}))
+    saved = config_to_dict(coevolve)
+    (coevolve_dir / "config.json").write_text(json.dumps(
+        dict(saved, extractor={**saved["extractor"], "temperature": 0.3})))
+    with pytest.raises(SystemExit):  # an arm that trains its extractor: another run
+        efficacy.finished_run(coevolve, parser)
+    assert "(extractor.temperature: 0.3 there, 0.7 now)" in capsys.readouterr().err
+    (run_dir / "config.json").write_text(json.dumps(trained))
     (run_dir / "config.json").write_text("{not json")
     with pytest.raises(SystemExit):
         efficacy.finished_run(cfg, parser)
