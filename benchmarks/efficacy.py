@@ -140,11 +140,11 @@ def run_arm(levels: int, quality_episodes: int, report_to: list[str], *run: obje
 def finished_run(cfg, parser: argparse.ArgumentParser) -> bool:
     """Whether ``cfg``'s run folder holds a finished run (``heldout.json``) of this very config
     (``--reuse``); a finished run of another config there is a usage error that names the first
-    setting that differs. Two settings do not make another run: ``run.output_dir`` (a run folder
-    moved or linked into ``--out``) and, for arm none, the ``extractor`` section (that arm
-    neither loads nor trains an extractor), so one arm none run pairs with experience arms whose
-    extractors differ."""
-    from crl_harness.config import config_to_dict
+    setting that differs. These do not make another run: ``run.output_dir`` (a run folder moved
+    or linked into ``--out``), a setting added since the run was made that holds its default,
+    and, for arm none, the ``extractor`` section (that arm neither loads nor trains an
+    extractor), so one arm none run pairs with experience arms whose extractors differ."""
+    from crl_harness.config import TrainConfig, config_to_dict
     from crl_harness.models.engines import SAMPLING_ENGINES
 
     run_dir = Path(cfg.run.output_dir)
@@ -160,6 +160,7 @@ def finished_run(cfg, parser: argparse.ArgumentParser) -> bool:
         if wanted[role]["rollout_engine"] == "auto" and \
                 _at(saved, f"{role}.rollout_engine") in SAMPLING_ENGINES:
             wanted[role]["rollout_engine"] = saved[role]["rollout_engine"]
+    wanted = _without_new_defaults(saved, wanted, config_to_dict(TrainConfig()))
     if isinstance(saved.get("run"), dict) and "output_dir" in saved["run"]:
         wanted["run"]["output_dir"] = saved["run"]["output_dir"]
     if cfg.arm == "none" and "extractor" in saved:
@@ -170,6 +171,17 @@ def finished_run(cfg, parser: argparse.ArgumentParser) -> bool:
                      f"{_at(saved, key)!r} there, {_at(wanted, key)!r} now); use another --out, "
                      "or the settings of that run")
     return True
+
+
+def _without_new_defaults(saved: object, wanted: object, defaults: object) -> object:
+    """``wanted`` without the settings ``saved`` lacks that hold their default (``defaults``):
+    settings added after the run was made, which it ran as their default does."""
+    if not (isinstance(saved, dict) and isinstance(wanted, dict)):
+        return wanted
+    defaults = defaults if isinstance(defaults, dict) else {}
+    return {key: _without_new_defaults(saved.get(key), value, defaults.get(key))
+            for key, value in wanted.items()
+            if key in saved or key not in defaults or defaults[key] != value}
 
 
 def _first_difference(a: object, b: object, prefix: str = "") -> str:

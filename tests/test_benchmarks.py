@@ -292,6 +292,16 @@ def test_hardening_efficacy_reuse_reads_a_finished_run_of_the_same_config_only(m
     with pytest.raises(SystemExit):  # an arm that trains its extractor: another run
         efficacy.finished_run(coevolve, parser)
     assert "(extractor.temperature: 0.3 there, 0.7 now)" in capsys.readouterr().err
+    # made before a setting existed: reused while it holds its default, not once it is set
+    older = config_to_dict(coevolve)
+    del older["warmstart"]["extractor_init_from"]
+    (coevolve_dir / "config.json").write_text(json.dumps(older))
+    assert efficacy.finished_run(coevolve, parser)
+    with pytest.raises(SystemExit):
+        efficacy.finished_run(efficacy.run_config(
+            "cpu-demo", "co-evolve", None, 0, 6, tmp_path,
+            ["warmstart.extractor_init_from=assets/warmstart/cpu-demo/extractor"]), parser)
+    assert "warmstart.extractor_init_from: None there" in capsys.readouterr().err
     (run_dir / "config.json").write_text(json.dumps(trained))
     (run_dir / "config.json").write_text("{not json")
     with pytest.raises(SystemExit):
