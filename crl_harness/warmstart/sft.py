@@ -211,6 +211,11 @@ def run_warmstart(cfg: TrainConfig, log: Callable[[str], None] = print,
                              "experience (co-evolve or static)")
     writes_actor = only in (None, "actor")
     writes_extractor = extractor_ready and only in (None, "extractor")
+    if w.extractor_init_from is not None and not writes_extractor:
+        raise WarmStartError("warmstart.extractor_init_from is set but this warm start fits no "
+                             "extractor (" + ("--only actor" if only == "actor" else
+                                              "an arm without experience") +
+                             "); leave it null, or warm-start the extractor")
     out = Path(w.output_dir)
     parts = [name for name, writes in (("actor", writes_actor), ("extractor", writes_extractor))
              if writes]

@@ -646,6 +646,16 @@ def test_hardening_warmstart_extractor_init_from_bad_values(tiny, tmp_path):
     with pytest.raises(ConfigError, match="extractor_init_from.*extractor_samples is 0"):
         _config(tiny, tmp_path, f"warmstart.extractor_init_from={other}",
                 "warmstart.extractor_samples=0")
+    made = tmp_path / "made"
+    run_warmstart(_config(tiny, tmp_path, f"warmstart.output_dir={made}",
+                          "warmstart.extractor_epochs=1"), log=lambda _: None, only="extractor")
+    for only, overrides in (("actor", ()), (None, ("arm=none",))):
+        with pytest.raises(WarmStartError, match="extractor_init_from is set but this warm start "
+                                                 "fits no extractor"):
+            run_warmstart(_config(tiny, tmp_path, *overrides,
+                                  f"warmstart.extractor_init_from={made / 'extractor'}"),
+                          log=lambda _: None, only=only)
+    assert not (tmp_path / "run" / "warmstart").exists()  # nothing trained or written
 
 
 def test_warmstart_lesson_fraction_teaches_the_actor_lessons(tiny, tmp_path):
