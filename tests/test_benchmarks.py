@@ -302,7 +302,6 @@ def test_hardening_efficacy_reuse_reads_a_finished_run_of_the_same_config_only(m
             "cpu-demo", "co-evolve", None, 0, 6, tmp_path,
             ["warmstart.extractor_init_from=assets/warmstart/cpu-demo/extractor"]), parser)
     assert "warmstart.extractor_init_from: None there" in capsys.readouterr().err
-    (run_dir / "config.json").write_text(json.dumps(trained))
     (run_dir / "config.json").write_text("{not json")
     with pytest.raises(SystemExit):
         efficacy.finished_run(cfg, parser)

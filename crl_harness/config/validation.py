@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_harness.config.fields import bounds_problem, choice_problem, finite_problem
-from crl_harness.config.schema import HELDOUT_RESERVED, LoRAConfig, TrainConfig
+from crl_harness.config.schema import HELDOUT_RESERVED, LoRAConfig, TrainConfig, WarmStartConfig
 from crl_harness.models.engines import SAMPLING_ENGINES
 
 __all__ = [
@@ -283,7 +283,7 @@ def _adapter_base_problem(folder: Path, key: str, spec: str, model_key: str
     return None
 
 
-def _warm_extractor_init_problem(w: Any) -> tuple[str, str] | None:
+def _warm_extractor_init_problem(w: WarmStartConfig) -> tuple[str, str] | None:
     """``(key, why)`` when ``warmstart.extractor_init_from`` cannot be continued by the warm
     start's extractor fit: no adapter folder there, or adapters of another base than
     ``warmstart.model``."""
