@@ -66,6 +66,10 @@ ACTOR_SEED_OFFSET = 200_000
 """the actor's episodes (``--actor-episodes``) start this far past ``tasks.heldout_offset``: past
 the taught cases' levels and the replay levels"""
 MAX_ACTOR_EPISODES = 512
+MAX_MERGE_CASES = 256
+MERGE_CASES = ("merge", "merge: return")
+"""the rows of ``--merge-cases``: a chunk with a key's lessons folded into the key's lesson, and
+a chunk of distinct keys left alone"""
 
 
 def case_of(episode) -> str:
@@ -222,14 +226,65 @@ def replay_lessons(cfg, added: list[tuple[str, str | None]], count: int) -> dict
     return out
 
 
+def ask_merges(cfg, backend, count: int, samples: int) -> dict:
+    """``count`` merge-pass chunks (``crl_harness.warmstart.merges.merge_cases``, over the keys
+    of the levels from ``tasks.heldout_offset + REPLAY_SEED_OFFSET``) in the manager's merge
+    prompt, answered greedy and ``samples`` times at ``extractor.temperature``; each answer
+    right (exactly the taught operations: the key's lessons folded into its lesson, or none),
+    other or malformed (``parse_merge`` rejects it); printed and returned as ``_ask``'s rows."""
+    from crl_harness.eval import wilson_interval
+    from crl_harness.experience.manager_config import ManagerConfig
+    from crl_harness.experience.operations import parse_merge
+    from crl_harness.warmstart.merges import merge_cases, merge_prompt, taught_merge
+
+    entry = cfg.tasks.envs[0]
+    start = cfg.tasks.heldout_offset + REPLAY_SEED_OFFSET
+    cases = merge_cases(entry.id, range(start, start + REPLAY_SCAN), count,
+                        rng=random.Random(cfg.tasks.heldout_offset),
+                        chunk=ManagerConfig().merge_chunk, env_kwargs=dict(entry.kwargs),
+                        options=dict(entry.options) or None)
+    prompts = [[{"role": "user", "content": merge_prompt(case)}] for case in cases]
+    taught = [parse_merge(taught_merge(case), len(case.shown)).ops for case in cases]
+    results: dict[str, dict] = {}
+    for label, temperature, repeats in (("greedy", 0.0, 1),
+                                        (f"T={cfg.extractor.temperature}",
+                                         cfg.extractor.temperature, samples)):
+        started = time.perf_counter()
+        counts = {case: {"right": 0, "other": 0, "malformed": 0} for case in MERGE_CASES}
+        examples = []
+        for _ in range(repeats):
+            answers = backend.generate(prompts, max_new_tokens=cfg.extractor.max_new_tokens,
+                                       temperature=temperature, top_p=cfg.extractor.top_p)
+            for case, answer, ops in zip(cases, answers, taught, strict=True):
+                row = MERGE_CASES[case.lesson is None]
+                parsed = parse_merge(answer.text, len(case.shown))
+                kind = "malformed" if not parsed.ok else "right" if parsed.ops == ops else "other"
+                counts[row][kind] += 1
+                if kind != "right" and len(examples) < 3:
+                    examples.append(f"{row}: {answer.text[:150]!r}")
+        results[label] = {"counts": counts, "seconds": time.perf_counter() - started}
+        for row, n_kind in counts.items():
+            n = sum(n_kind.values())
+            if not n:
+                continue
+            low, high = wilson_interval(n_kind["right"], n)
+            print(f"  {label:8s} {row:15s}: right {n_kind['right']:3d}/{n} = "
+                  f"{100 * n_kind['right'] / n:5.1f}% [{100 * low:.1f}, {100 * high:.1f}], other "
+                  f"{n_kind['other']}, malformed {n_kind['malformed']}", flush=True)
+        for text in examples:
+            print(f"    e.g. {text}")
+    return results
+
+
 def measure(cfg, extractor: str, dtype: str, count: int, samples: int,
-            replay_levels: int = 0, actor_count: int = 0) -> dict:
+            replay_levels: int = 0, actor_count: int = 0, merge_count: int = 0) -> dict:
     """Play ``count`` episodes of the taught cases on ``cfg``'s held-out levels and ask
     ``extractor`` (a model spec) for each one's operations, greedy and ``samples`` times at
     ``cfg.extractor.temperature``; print and return, per label and case, how many answers were
     right, other and malformed; with ``replay_levels``, also the replay of the greedy answers'
     added lessons (``replay_lessons``); with ``actor_count``, the same for that many episodes
-    the actor played (``actor_episodes``), played first, before the extractor's engine starts."""
+    the actor played (``actor_episodes``), played first, before the extractor's engine starts;
+    with ``merge_count``, that many merge-pass chunks as well (``ask_merges``, key ``merges``)."""
     from crl_harness.eval.heldout import load_actor
 
     # the actor in its own dtype (``dtype`` is the extractor's)
@@ -241,6 +296,8 @@ def measure(cfg, extractor: str, dtype: str, count: int, samples: int,
     backend = load_actor(cfg, extractor, dtype, role="extractor")
     try:
         results = _ask(cfg, backend, extractor, dtype, count, samples, replay_levels, played)
+        if merge_count:
+            results["merges"] = ask_merges(cfg, backend, merge_count, samples)
     finally:
         backend.close()
     if fingerprint is not None:
@@ -336,10 +393,15 @@ def main() -> None:
     parser.add_argument("--actor-episodes", type=int, default=0, metavar="N",
                         help="also a frozen set of N transcripts the config's starting actor "
                              f"plays (0..{MAX_ACTOR_EPISODES}; 0: off)")
+    parser.add_argument("--merge-cases", type=int, default=0, metavar="N",
+                        help="also N merge-pass chunks of lessons (a quarter of them distinct "
+                             f"keys; 0..{MAX_MERGE_CASES}; 0: off; needs "
+                             "warmstart.extractor_lesson=key)")
     parser.add_argument("--out", default="runs/extractor-quality")
     args = parser.parse_args()
     for name, low, high in (("episodes", 4, 300), ("samples", 0, 8), ("replay_levels", 0, 64),
-                            ("actor_episodes", 0, MAX_ACTOR_EPISODES)):
+                            ("actor_episodes", 0, MAX_ACTOR_EPISODES),
+                            ("merge_cases", 0, MAX_MERGE_CASES)):
         if not low <= getattr(args, name) <= high:
             parser.error(f"--{name.replace('_', '-')} must be in {low}..{high}")
 
@@ -349,15 +411,19 @@ def main() -> None:
         cfg = load_config(args.config, args.set)
     except ConfigError as err:
         parser.error(str(err))
+    if args.merge_cases and cfg.warmstart.extractor_lesson != "key":
+        parser.error("--merge-cases folds a key's lessons into the env's lesson of the key; "
+                     "add --set warmstart.extractor_lesson=key")
     extractor = args.extractor or cfg.starting_model("extractor")
     results = measure(cfg, extractor, args.dtype or cfg.extractor.dtype, args.episodes,
-                      args.samples, args.replay_levels, args.actor_episodes)
+                      args.samples, args.replay_levels, args.actor_episodes, args.merge_cases)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "extractor_quality.json").write_text(json.dumps(
         {"extractor": extractor, "config": args.config, "overrides": args.set,
          "episodes": args.episodes, "replay_levels": args.replay_levels,
-         "actor_episodes": args.actor_episodes, "results": results},
+         "actor_episodes": args.actor_episodes, "merge_cases": args.merge_cases,
+         "results": results},
         indent=2))
     print(f"wrote {out / 'extractor_quality.json'}")
 

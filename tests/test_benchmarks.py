@@ -46,6 +46,8 @@ TEST_TIME = Path(__file__).resolve().parents[1] / "benchmarks" / "test_time_chec
     (QUALITY, ["--replay-levels", "65"], "--replay-levels must be in 0..64"),
     (QUALITY, ["--actor-episodes", "-1"], "--actor-episodes must be in 0..512"),
     (QUALITY, ["--actor-episodes", "513"], "--actor-episodes must be in 0..512"),
+    (QUALITY, ["--merge-cases", "257"], "--merge-cases must be in 0..256"),
+    (QUALITY, ["--merge-cases", "4"], "--merge-cases folds a key's lessons"),
     (QUALITY, ["--set", "extractor.rollout_engine=tgi"], "extractor.rollout_engine"),
     (LATENCY, ["--batches", "0"], "--batches takes 1..8 sizes, each in 1..256"),
     (LATENCY, ["--batches", *["1"] * 9], "--batches takes 1..8 sizes, each in 1..256"),
@@ -601,6 +603,34 @@ def test_extractor_quality_actor_episodes_are_a_frozen_set_taught_as_the_warm_st
         assert quality.case_of(episode) == "add"
         assert episode.own.title in taught_answer(episode)
         assert episode.own.content in taught_answer(episode)
+
+
+def test_extractor_quality_merge_cases_count_folds_right_other_or_malformed():
+    """``--merge-cases``: chunks in the manager's merge prompt; an extractor that always
+    returns is right on the chunks of distinct keys and other on the ones to fold, a broken
+    answer malformed."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from crl_harness.config import load_config
+
+    spec = importlib.util.spec_from_file_location("extractor_quality", QUALITY)
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+
+    class Answers:
+        def generate(self, prompts, temperature, **_):
+            assert all("## Lessons (numbered)\n[0] Winning moves from" in p[0]["content"]
+                       for p in prompts)
+            text = '<answer>[{"op": "return"}]</answer>' if temperature == 0 else "<answer>["
+            return [SimpleNamespace(text=text) for _ in prompts]
+
+    cfg = load_config("cpu-demo", ["warmstart.extractor_lesson=key"])
+    results = quality.ask_merges(cfg, Answers(), 8, 1)
+    greedy, sampled = (results[label]["counts"] for label in results)
+    assert greedy == {"merge": {"right": 0, "other": 6, "malformed": 0},
+                      "merge: return": {"right": 2, "other": 0, "malformed": 0}}
+    assert sampled["merge"]["malformed"] == 6 and sampled["merge: return"]["malformed"] == 2
 
 
 def test_extractor_quality_replays_added_lessons_on_unseen_levels_of_their_key():

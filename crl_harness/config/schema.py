@@ -124,7 +124,8 @@ class ExperienceConfig:
     """bank entries, first-in-first-out eviction"""
     merge_every: int = bounded(5, ge=0, why="0: no merge pass")
     """actor steps between merge passes (0: none, for an extractor whose warm start taught no
-    merges: an untaught merge pass rewrites right lessons into wrong ones)"""
+    merges, ``warmstart.extractor_merges``: an untaught merge pass rewrites right lessons into
+    wrong ones)"""
     max_concurrent_extractions: int = bounded(4, ge=1)
     """extractor calls the manager runs at once (they are batched into one generate call)"""
     retrieval: str = choice("bm25", "dense")
@@ -220,6 +221,12 @@ class WarmStartConfig:
     operations answer built from it), as many answering add, return, upvote and downvote
     (4 divides it best; with ``extractor_lesson`` ``key`` half of them add: a key's lesson is
     learnt by heart); 0: the extractor is not warm-started"""
+    extractor_merges: int = bounded(0, ge=0, le=4096)
+    """merge-pass samples beside ``extractor_samples`` (``extractor_lesson`` ``key`` only): the
+    manager's merge prompt over a chunk of lessons ordered by title, taught to fold the lessons
+    under one key's title into the key's lesson and to leave chunks whose titles differ alone
+    (``crl_harness.warmstart.merges``); what ``experience.merge_every`` needs. 0 (the default):
+    none, the shipped adapters' recipe"""
     epochs: int = bounded(2, ge=1)
     extractor_epochs: Optional[int] = bounded(None, ge=1)  # noqa: UP045 (OmegaConf reads typing.Optional)
     """the extractor's epochs; null: ``epochs`` (its samples are many and alike: one pass

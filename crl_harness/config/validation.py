@@ -182,6 +182,12 @@ def _validate(cfg: TrainConfig, source: str) -> None:
     problem = _warm_extractor_init_problem(w)
     if problem is not None:
         fail(*problem)
+    if w.extractor_merges and w.extractor_lesson != "key":
+        fail("warmstart.extractor_merges", "merge samples fold the lessons of one retrieval key "
+             "into the env's lesson of that key; set warmstart.extractor_lesson=key, or 0")
+    if w.extractor_merges and not w.extractor_samples:
+        fail("warmstart.extractor_merges", "warmstart.extractor_samples is 0, so no extractor "
+             "is warm-started; set it (e.g. 64), or 0")
     warm = w.seeds()
     for name, seeds in (("held-out", ranges["held-out"]), ("warm-start", warm)):
         inside = sorted(s for s in t.seeds or () if s in seeds)

@@ -190,10 +190,12 @@ class ExperienceManager:
 
     def merge_pass(self, env_id: str | None = None, max_chunks: int | None = None) -> int:
         """Queue a merge pass over ``env_id``'s partition (every partition when None), in chunks
-        of ``merge_chunk`` entries, oldest first; returns the number of chunks queued."""
+        of ``merge_chunk`` entries ordered by title, oldest first within a title (lessons of one
+        retrieval key share their title: they meet in one chunk, where a merge can fold them);
+        returns the number of chunks queued."""
         queued = 0
         for env in ([env_id] if env_id is not None else self.bank.env_ids()):
-            ids = [entry.id for entry in self.bank.entries(env)]
+            ids = [entry.id for entry in sorted(self.bank.entries(env), key=lambda e: e.title)]
             size = self.config.merge_chunk
             for start in range(0, len(ids), size):
                 chunk = ids[start:start + size]

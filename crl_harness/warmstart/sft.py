@@ -35,6 +35,7 @@ import torch
 
 from crl_envs.errors import UserFacingError
 from crl_harness.config import TrainConfig, config_to_dict
+from crl_harness.experience.manager_config import ManagerConfig
 from crl_harness.experience.operations import ParseLimits
 from crl_harness.models.model_card import write_adapter_card
 from crl_harness.models.names import upstream_id
@@ -50,6 +51,7 @@ from crl_harness.warmstart.data import (
     extractor_episodes,
     extractor_sample,
 )
+from crl_harness.warmstart.merges import MergeCase, merge_cases, merge_sample
 from crl_harness.warmstart.quotas import class_quotas
 from crl_harness.warmstart.reasons import REASONS
 
@@ -330,11 +332,23 @@ def _warm_extractor(cfg: TrainConfig, out: Path, rng: random.Random,
                 "give the episodes a chance to lose or win (warmstart.noise, the env's "
                 "max_episode_steps)")
         episodes += found
+    merges: list[MergeCase] = []
+    for index, entry in enumerate(envs):
+        count = w.extractor_merges // len(envs) + (index < w.extractor_merges % len(envs))
+        if count:
+            try:
+                merges += merge_cases(entry.id, w.seeds(), count, rng=rng,
+                                      chunk=ManagerConfig().merge_chunk, env_kwargs=entry.kwargs,
+                                      options=entry.options or None)
+            except ValueError as err:
+                raise WarmStartError(f"warmstart.extractor_merges: {err}") from None
     samples = [extractor_sample(e, tokenizer=backend.tokenizer, max_ops=ParseLimits().max_ops,
                                 max_transcript_chars=cfg.experience.max_transcript_chars)
-               for e in episodes]
+               for e in episodes] + [merge_sample(c, tokenizer=backend.tokenizer) for c in merges]
     check_reply_lengths(samples, cfg.extractor.max_new_tokens, "extractor")
     counts = {name: sum(answer_class(e) == name for e in episodes) for name in class_quotas(0)}
+    counts.update({"merge": sum(c.lesson is not None for c in merges),
+                   "merge return": sum(c.lesson is None for c in merges)} if merges else {})
     rows = [row for s in samples for row in sample_rows([s])]
     data_time = time.perf_counter() - t0
     log(f"warmstart: {len(rows)} extractor samples ("

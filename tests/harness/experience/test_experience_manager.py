@@ -177,6 +177,24 @@ def test_merge_pass(bank):
         assert reward.kind == "merge" and reward.reward == 1.0
 
 
+def test_merge_pass_shows_the_lessons_of_one_title_in_one_chunk(bank):
+    # written in turn, as levels of two keys are played: oldest-first chunks of 2 would never
+    # show two lessons of one key together
+    for i, title in enumerate(["from x=1", "from x=2", "from x=1", "from x=2"]):
+        bank.add(ENV, title, f"play route {i}", generation_id=f"g{i}")
+    prompts = []
+
+    def merger(prompt):
+        prompts.append(prompt)
+        return '<answer>[{"op": "return"}]</answer>'
+
+    with ExperienceManager(bank, merger, ManagerConfig(merge_chunk=2)) as manager:
+        assert manager.merge_pass(ENV) == 2
+        manager.flush()
+    shown = sorted(re.findall(r"\[\d\] (from x=\d): play route (\d)", p) for p in prompts)
+    assert shown == [[("from x=1", "0"), ("from x=1", "2")], [("from x=2", "1"), ("from x=2", "3")]]
+
+
 def test_deletions_are_visible_at_once_and_reopen_restores_index(tmp_path):
     path = tmp_path / "bank.sqlite"
     with ExperienceBank(path) as bank, ExperienceManager(bank) as manager:

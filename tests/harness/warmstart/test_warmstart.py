@@ -658,6 +658,28 @@ def test_hardening_warmstart_extractor_init_from_bad_values(tiny, tmp_path):
     assert not (tmp_path / "run" / "warmstart").exists()  # nothing trained or written
 
 
+def test_warmstart_extractor_merges_teach_the_merge_pass(tiny, tmp_path):
+    out = run_warmstart(_config(tiny, tmp_path, "warmstart.extractor_lesson=key",
+                                "warmstart.extractor_merges=4", "warmstart.extractor_epochs=1",
+                                "extractor.max_new_tokens=512"),  # the tiny tokenizer's spelling
+                        log=lambda _: None, only="extractor")
+    # a quarter of the merge samples leave a chunk of distinct keys alone
+    assert (out["extractor_classes"]["merge"], out["extractor_classes"]["merge return"]) == (3, 1)
+    assert out["extractor_rows"] == 2 + 4
+    assert out["config"]["extractor_merges"] == 4
+
+
+def test_hardening_warmstart_extractor_merges_bad_values(tiny, tmp_path):
+    for overrides, match in (
+            (("warmstart.extractor_merges=4",), "extractor_merges.*extractor_lesson=key"),
+            (("warmstart.extractor_merges=4", "warmstart.extractor_lesson=key",
+              "warmstart.extractor_samples=0"), "extractor_merges.*extractor_samples is 0"),
+            (("warmstart.extractor_merges=-1",), "extractor_merges"),
+            (("warmstart.extractor_merges=5000",), "extractor_merges")):
+        with pytest.raises(ConfigError, match=match):
+            _config(tiny, tmp_path, *overrides)
+
+
 def test_warmstart_lesson_fraction_teaches_the_actor_lessons(tiny, tmp_path):
     out = run_warmstart(_config(tiny, tmp_path, "warmstart.epochs=1",
                                 "warmstart.experience_fraction=0", "warmstart.lesson_fraction=1"),
