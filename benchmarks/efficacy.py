@@ -142,8 +142,9 @@ def finished_run(cfg, parser: argparse.ArgumentParser) -> bool:
     (``--reuse``); a finished run of another config there is a usage error that names the first
     setting that differs. These do not make another run: ``run.output_dir`` (a run folder moved
     or linked into ``--out``), a setting added since the run was made that holds its default,
-    and, for arm none, the ``extractor`` section (that arm neither loads nor trains an
-    extractor), so one arm none run pairs with experience arms whose extractors differ."""
+    and, for arm none, the ``extractor`` section and ``experience.merge_every`` (that arm
+    neither loads nor trains an extractor and keeps no bank to merge), so one arm none run pairs
+    with experience arms whose extractors or merge passes differ."""
     from crl_harness.config import TrainConfig, config_to_dict
     from crl_harness.models.engines import SAMPLING_ENGINES
 
@@ -165,6 +166,8 @@ def finished_run(cfg, parser: argparse.ArgumentParser) -> bool:
         wanted["run"]["output_dir"] = saved["run"]["output_dir"]
     if cfg.arm == "none" and "extractor" in saved:
         wanted["extractor"] = saved["extractor"]
+    if cfg.arm == "none" and "merge_every" in saved.get("experience", {}):
+        wanted["experience"]["merge_every"] = saved["experience"]["merge_every"]
     if saved != wanted:
         key = _first_difference(saved, wanted)
         parser.error(f"--reuse: {run_dir} holds a run of another config ({key}: "

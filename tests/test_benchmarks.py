@@ -279,9 +279,10 @@ def test_hardening_efficacy_reuse_reads_a_finished_run_of_the_same_config_only(m
     with pytest.raises(SystemExit):
         efficacy.finished_run(other, parser)
     assert "holds a run of another config (run.steps: 6 there, 4 now)" in capsys.readouterr().err
-    # moved into another --out, and for arm none another extractor: the same run
+    # moved into another --out, and for arm none another extractor or merge pass: the same run
     moved = dict(trained, run={**trained["run"], "output_dir": "/elsewhere/none-seed0"},
-                 extractor={**trained["extractor"], "temperature": 0.3})
+                 extractor={**trained["extractor"], "temperature": 0.3},
+                 experience={**trained["experience"], "merge_every": 2})
     (run_dir / "config.json").write_text(json.dumps(moved))
     assert efficacy.finished_run(cfg, parser)
     coevolve = efficacy.run_config("cpu-demo", "co-evolve", None, 0, 6, tmp_path, [])
@@ -294,6 +295,11 @@ def test_hardening_efficacy_reuse_reads_a_finished_run_of_the_same_config_only(m
     with pytest.raises(SystemExit):  # an arm that trains its extractor: another run
         efficacy.finished_run(coevolve, parser)
     assert "(extractor.temperature: 0.3 there, 0.7 now)" in capsys.readouterr().err
+    (coevolve_dir / "config.json").write_text(json.dumps(
+        dict(saved, experience={**saved["experience"], "merge_every": 2})))
+    with pytest.raises(SystemExit):  # and merges its bank otherwise: another run
+        efficacy.finished_run(coevolve, parser)
+    assert "(experience.merge_every: 2 there, 0 now)" in capsys.readouterr().err
     # made before a setting existed: reused while it holds its default, not once it is set
     older = config_to_dict(coevolve)
     del older["warmstart"]["extractor_init_from"]
