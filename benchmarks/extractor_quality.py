@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/extractor_quality.py --extractor hf:RUN/checkpoints/.../extractor_hf
     .venv/bin/python benchmarks/extractor_quality.py --dtype float32 --set extractor.rollout_engine=vllm
     .venv/bin/python benchmarks/extractor_quality.py --replay-levels 8 --set warmstart.extractor_lesson=key
+    .venv/bin/python benchmarks/extractor_quality.py --merge-cases 64 --set warmstart.extractor_lesson=key
 
 On the config's first env and held-out levels (``tasks.heldout_offset``, never in a warm start)
 the scripted oracle plays the episodes the warm start teaches from
@@ -44,6 +45,12 @@ above: a won episode adds its own lesson (the key's, with ``extractor_lesson`` `
 one returns (rows ``actor: add`` and ``actor: return``); with ``--replay-levels`` the greedy adds
 of the won ones are replayed beside the oracle's lesson as well. Why both: an extractor that
 copied what was played would look right on the oracle's episodes and wrong on the actor's.
+
+With ``--merge-cases N`` (key lessons only) the extractor also answers N chunks of lessons in the
+merge pass's prompt, drawn as ``warmstart.extractor_merges`` draws them over the keys of unseen
+levels (``crl_harness.warmstart.merges``): rows ``merge`` (a key's lessons, its own and
+miscopies, to fold into the key's lesson) and ``merge: return`` (distinct keys, left alone);
+with ``--replay-levels`` the lesson each greedy fold writes is replayed beside the oracle's.
 """
 
 from __future__ import annotations
@@ -226,15 +233,18 @@ def replay_lessons(cfg, added: list[tuple[str, str | None]], count: int) -> dict
     return out
 
 
-def ask_merges(cfg, backend, count: int, samples: int) -> dict:
+def ask_merges(cfg, backend, count: int, samples: int, replay_levels: int = 0) -> dict:
     """``count`` merge-pass chunks (``crl_harness.warmstart.merges.merge_cases``, over the keys
     of the levels from ``tasks.heldout_offset + REPLAY_SEED_OFFSET``) in the manager's merge
     prompt, answered greedy and ``samples`` times at ``extractor.temperature``; each answer
     right (exactly the taught operations: the key's lessons folded into its lesson, or none),
-    other or malformed (``parse_merge`` rejects it); printed and returned as ``_ask``'s rows."""
+    other or malformed (``parse_merge`` rejects it); printed and returned as ``_ask``'s rows.
+    With ``replay_levels`` the lesson each greedy answer to a folding chunk merges into (its
+    first ``merge``; none: it loses) is replayed on that many unseen levels of the key beside the
+    oracle's lesson (``replay_lessons``, key ``merge replay``)."""
     from crl_harness.eval import wilson_interval
     from crl_harness.experience.manager_config import ManagerConfig
-    from crl_harness.experience.operations import parse_merge
+    from crl_harness.experience.operations import Merge, parse_merge
     from crl_harness.warmstart.merges import merge_cases, merge_prompt, taught_merge
 
     entry = cfg.tasks.envs[0]
@@ -246,6 +256,7 @@ def ask_merges(cfg, backend, count: int, samples: int) -> dict:
     prompts = [[{"role": "user", "content": merge_prompt(case)}] for case in cases]
     taught = [parse_merge(taught_merge(case), len(case.shown)).ops for case in cases]
     results: dict[str, dict] = {}
+    merged: list[tuple[str, str | None]] = []  # the greedy folds: key, lesson merged into
     for label, temperature, repeats in (("greedy", 0.0, 1),
                                         (f"T={cfg.extractor.temperature}",
                                          cfg.extractor.temperature, samples)):
@@ -262,6 +273,10 @@ def ask_merges(cfg, backend, count: int, samples: int) -> dict:
                 counts[row][kind] += 1
                 if kind != "right" and len(examples) < 3:
                     examples.append(f"{row}: {answer.text[:150]!r}")
+                if temperature == 0.0 and case.lesson is not None:
+                    merge = next((op for op in parsed.ops if isinstance(op, Merge)), None)
+                    merged.append((case.key, None if merge is None
+                                   else f"{merge.title}: {merge.content}"))
         results[label] = {"counts": counts, "seconds": time.perf_counter() - started}
         for row, n_kind in counts.items():
             n = sum(n_kind.values())
@@ -273,6 +288,9 @@ def ask_merges(cfg, backend, count: int, samples: int) -> dict:
                   f"{n_kind['other']}, malformed {n_kind['malformed']}", flush=True)
         for text in examples:
             print(f"    e.g. {text}")
+    if replay_levels and merged:
+        results["merge replay"] = replayed = replay_lessons(cfg, merged, replay_levels)
+        print_replay("merge", replayed, replay_levels)
     return results
 
 
@@ -297,7 +315,7 @@ def measure(cfg, extractor: str, dtype: str, count: int, samples: int,
     try:
         results = _ask(cfg, backend, extractor, dtype, count, samples, replay_levels, played)
         if merge_count:
-            results["merges"] = ask_merges(cfg, backend, merge_count, samples)
+            results["merges"] = ask_merges(cfg, backend, merge_count, samples, replay_levels)
     finally:
         backend.close()
     if fingerprint is not None:
@@ -357,18 +375,22 @@ def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int,
         if not replay_levels or not added[case]:
             continue
         results[name] = replayed = replay_lessons(cfg, added[case], replay_levels)
-        n = replayed["levels"]
-        mine, oracle = replayed["extractor_wins"], replayed["oracle_wins"]
-        print(f"  {case}: replayed on up to {replay_levels} unseen levels of each case's key "
-              f"({replayed['keyed']} of {replayed['cases']} cases with an oracle lesson and such "
-              f"levels, "
-              f"{n} levels): the extractor's lessons win {mine}/{n} = "
-              f"{100 * mine / max(n, 1):.1f}%, the oracle's {oracle}/{n} = "
-              f"{100 * oracle / max(n, 1):.1f}%, ratio "
-              + (f"{mine / oracle:.2f}" if oracle else "n/a")
-              + f"; {replayed['unread']} answers added no lesson a policy reads (they lose)",
-              flush=True)
+        print_replay(case, replayed, replay_levels)
     return results
+
+
+def print_replay(case: str, replayed: dict, replay_levels: int) -> None:
+    """One line of ``replay_lessons``' outcome for the greedy answers of ``case``."""
+    n = replayed["levels"]
+    mine, oracle = replayed["extractor_wins"], replayed["oracle_wins"]
+    print(f"  {case}: replayed on up to {replay_levels} unseen levels of each case's key "
+          f"({replayed['keyed']} of {replayed['cases']} cases with an oracle lesson and such "
+          f"levels, {n} levels): the extractor's lessons win {mine}/{n} = "
+          f"{100 * mine / max(n, 1):.1f}%, the oracle's {oracle}/{n} = "
+          f"{100 * oracle / max(n, 1):.1f}%, ratio "
+          + (f"{mine / oracle:.2f}" if oracle else "n/a")
+          + f"; {replayed['unread']} answers wrote no lesson a policy reads (they lose)",
+          flush=True)
 
 
 def main() -> None:

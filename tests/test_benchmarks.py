@@ -632,11 +632,38 @@ def test_extractor_quality_merge_cases_count_folds_right_other_or_malformed():
             return [SimpleNamespace(text=text) for _ in prompts]
 
     cfg = load_config("cpu-demo", ["warmstart.extractor_lesson=key"])
-    results = quality.ask_merges(cfg, Answers(), 8, 1)
-    greedy, sampled = (results[label]["counts"] for label in results)
+    results = quality.ask_merges(cfg, Answers(), 8, 1, replay_levels=2)
+    greedy, sampled = (results[label]["counts"] for label in ("greedy", "T=0.7"))
     assert greedy == {"merge": {"right": 0, "other": 6, "malformed": 0},
                       "merge: return": {"right": 2, "other": 0, "malformed": 0}}
     assert sampled["merge"]["malformed"] == 6 and sampled["merge: return"]["malformed"] == 2
+    # folded into nothing: the six keys' levels are lost where the oracle's lesson wins some
+    lost = results["merge replay"]
+    assert (lost["cases"], lost["unread"], lost["extractor_wins"]) == (6, 6, 0)
+    assert lost["oracle_wins"] > 0
+
+    # the taught answers (the same chunks: the same levels and seed) replay as the oracle's
+    import random
+
+    from crl_harness.experience.manager_config import ManagerConfig
+    from crl_harness.warmstart.merges import merge_cases, merge_prompt, taught_merge
+
+    start = cfg.tasks.heldout_offset + quality.REPLAY_SEED_OFFSET
+    env = cfg.tasks.envs[0]
+    taught = {merge_prompt(c): taught_merge(c) for c in merge_cases(
+        env.id, range(start, start + quality.REPLAY_SCAN), 8,
+        rng=random.Random(cfg.tasks.heldout_offset), chunk=ManagerConfig().merge_chunk,
+        env_kwargs=dict(env.kwargs))}
+
+    class Taught:
+        def generate(self, prompts, **_):
+            return [SimpleNamespace(text=taught[p[0]["content"]]) for p in prompts]
+
+    results = quality.ask_merges(cfg, Taught(), 8, 0, replay_levels=2)
+    assert results["greedy"]["counts"]["merge"] == {"right": 6, "other": 0, "malformed": 0}
+    same = results["merge replay"]
+    assert same["unread"] == 0 and same["extractor_wins"] == same["oracle_wins"] == \
+        lost["oracle_wins"]
 
 
 def test_extractor_quality_replays_added_lessons_on_unseen_levels_of_their_key():

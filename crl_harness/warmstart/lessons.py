@@ -33,12 +33,16 @@ class KeyLessons:
         self.env: Any = None
 
     def __call__(self, seed: int) -> ExperienceEntry | None:
+        return self.keyed(seed)[1]
+
+    def keyed(self, seed: int) -> tuple[str, ExperienceEntry | None]:
+        """The level's retrieval key and its lesson (None where the env writes none)."""
         if self.env is None:
             self.env = make_env(self.env_id, None, 1, **self.env_kwargs)
         _, info = self.env.reset(seed=seed, options=dict(self.options or {}) or None)
         key = str(info.get("retrieval_query") or info.get("task") or "")
         written = crl_envs.transferable_lesson(self.env_id, key, self.env.spec.max_episode_steps)
-        return ExperienceEntry(f"lesson-{seed}", self.env_id, *written) if written else None
+        return key, ExperienceEntry(f"lesson-{seed}", self.env_id, *written) if written else None
 
     def close(self) -> None:
         if self.env is not None:

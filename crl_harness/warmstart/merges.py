@@ -47,6 +47,8 @@ class MergeCase:
     shown: tuple[ExperienceEntry, ...]
     targets: tuple[int, ...] = ()
     lesson: ExperienceEntry | None = None
+    key: str = ""
+    """the retrieval key of ``lesson`` (its levels are where a merged lesson can be replayed)"""
 
 
 def merge_cases(env_id: str, seeds: range, count: int, *, rng: random.Random, chunk: int,
@@ -55,47 +57,47 @@ def merge_cases(env_id: str, seeds: range, count: int, *, rng: random.Random, ch
     """``count`` cases over the keys of up to ``KEYS_SCANNED`` levels of ``seeds`` whose env
     writes a transferable lesson. A folding case shows 2-3 lessons under one key's title (at
     most one of them the key's own lesson, the others texts of other keys' lessons that differ
-    from it: a bank folds exact repeats on its own) beside up to ``chunk`` - 2 other keys' own lessons; ``MERGE_RETURN_SHARE``
-    of the cases show 2..``chunk`` lessons of distinct keys. Raises ValueError where fewer than
-    ``chunk`` + 1 keys have a lesson (the chunks could not be drawn)."""
+    from it: a bank folds exact repeats on its own) beside up to ``chunk`` - 2 other keys' own
+    lessons; ``MERGE_RETURN_SHARE`` of the cases show 2..``chunk`` lessons of distinct keys.
+    Raises ValueError where fewer than ``chunk`` + 1 keys have a lesson (the chunks could not
+    be drawn)."""
     if chunk < 2:
         raise ValueError(f"a merge chunk holds at least 2 lessons, got {chunk}")
-    keyed: dict[str, ExperienceEntry] = {}
+    found: dict[str, tuple[str, ExperienceEntry]] = {}  # a lesson's title: its key, the lesson
     with closing(KeyLessons(env_id, env_kwargs, options)) as lessons:
         for seed in seeds[:KEYS_SCANNED]:
-            lesson = lessons(seed)
+            key, lesson = lessons.keyed(seed)
             if lesson is not None:
-                keyed.setdefault(lesson.title, lesson)
-    keys = sorted(keyed)
-    if len(keys) <= chunk:
-        raise ValueError(f"{env_id}: {len(keys)} retrieval keys with a transferable lesson in "
+                found.setdefault(lesson.title, (key, lesson))
+    titles = sorted(found)
+    if len(titles) <= chunk:
+        raise ValueError(f"{env_id}: {len(titles)} retrieval keys with a transferable lesson in "
                          f"{min(len(seeds), KEYS_SCANNED)} levels; merge samples need more than "
                          f"{chunk}")
     cases = []
     for index in range(count):
-        folding = index >= round(count * MERGE_RETURN_SHARE)
-        if not folding:
-            drawn = rng.sample(keys, rng.randint(2, chunk))
-            shown = sorted((keyed[k] for k in drawn), key=lambda e: e.title)
+        if index < round(count * MERGE_RETURN_SHARE):
+            shown = sorted((found[t][1] for t in rng.sample(titles, rng.randint(2, chunk))),
+                           key=lambda e: e.title)
             cases.append(MergeCase(env_id, tuple(shown)))
             continue
-        key = rng.choice(keys)
-        lesson = keyed[key]
+        title = rng.choice(titles)
+        key, lesson = found[title]
         repeats = rng.randint(2, min(3, chunk))
         # miscopies: other keys' texts under this key's title (keys may share a lesson's text)
-        unlike = [k for k in keys if keyed[k].content != lesson.content]
+        unlike = [t for t in titles if found[t][1].content != lesson.content]
         if len(unlike) < repeats:
             raise ValueError(f"{env_id}: too few keys whose lesson differs from {key!r}'s")
-        copies = [ExperienceEntry(f"copy-{key}-{i}", env_id, lesson.title, keyed[other].content)
+        copies = [ExperienceEntry(f"copy-{i}", env_id, title, found[other][1].content)
                   for i, other in enumerate(rng.sample(unlike, repeats))]
         if rng.random() < 1 / 2:
             copies[rng.randrange(repeats)] = lesson
         rng.shuffle(copies)  # written in any order; a sort by title keeps it within the key
-        others = [k for k in keys if k != key]
-        besides = [keyed[k] for k in rng.sample(others, rng.randint(0, chunk - repeats))]
+        others = [t for t in titles if t != title]
+        besides = [found[t][1] for t in rng.sample(others, rng.randint(0, chunk - repeats))]
         shown = tuple(sorted(copies + besides, key=lambda e: e.title))
-        targets = tuple(i for i, e in enumerate(shown) if e.title == lesson.title)
-        cases.append(MergeCase(env_id, shown, targets, lesson))
+        targets = tuple(i for i, e in enumerate(shown) if e.title == title)
+        cases.append(MergeCase(env_id, shown, targets, lesson, key))
     rng.shuffle(cases)
     return cases
 

@@ -38,9 +38,9 @@ def test_merge_cases_fold_a_keys_lessons_into_its_lesson(cases):
         if case.lesson is None:
             assert len(set(titles)) == len(titles) and parsed.ops == ()
             continue
-        key = case.lesson.title.removeprefix("Winning moves from ")
-        # the env's own lesson of the key, not one of the texts shown
-        assert (case.lesson.title, case.lesson.content) == crl_envs.transferable_lesson(ROOM, key, 6)
+        # the env's own lesson of the case's key, not one of the texts shown
+        assert (case.lesson.title, case.lesson.content) == \
+            crl_envs.transferable_lesson(ROOM, case.key, 6)
         [merge] = parsed.ops
         assert isinstance(merge, Merge) and merge.content == case.lesson.content
         assert merge.targets == tuple(i for i, t in enumerate(titles) if t == case.lesson.title)
