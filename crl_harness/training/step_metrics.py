@@ -157,6 +157,7 @@ def step_metrics(cfg: TrainConfig, trajectories: Sequence[Trajectory],
         m["bank/size"] = stats["bank_size"]
         m["extractor/format_failures"] = stats["format_failures"]
         m["extractor/distillations"] = stats["distillations"]
+        m["extractor/merges"] = stats["merges"]  # merge-pass chunks answered, as distillations
         m["extractor/buffered"] = awaiting_training
         m["experience/retrieved_per_guided"] = _mean(
             [len(t.experience_ids) for t in trajectories if t.use_experience])

@@ -166,6 +166,7 @@ def test_co_evolve_trains_both_models_fills_the_bank_and_writes_metrics(models, 
     last = records[-1]
     for key in ("success/all", "success/guided", "success/free", "success/Sokoban", "reward/all",
                 "loss/actor", "clip/actor", "bank/size", "extractor/format_failures",
+                "extractor/merges", "bank/merge_chunks",
                 "time/rollout", "time/actor_update", "time/extractor_update"):
         assert key in last, key
     assert last["bank/size"] == len(seeded)  # the random extractor's answers never parse
