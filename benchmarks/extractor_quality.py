@@ -242,7 +242,6 @@ def ask_merges(cfg, backend, count: int, samples: int, replay_levels: int = 0) -
     With ``replay_levels`` the lesson each greedy answer to a folding chunk merges into (its
     first ``merge``; none: it loses) is replayed on that many unseen levels of the key beside the
     oracle's lesson (``replay_lessons``, key ``merge replay``)."""
-    from crl_harness.eval import wilson_interval
     from crl_harness.experience.manager_config import ManagerConfig
     from crl_harness.experience.operations import Merge, parse_merge
     from crl_harness.warmstart.merges import merge_cases, merge_prompt, taught_merge
@@ -278,16 +277,7 @@ def ask_merges(cfg, backend, count: int, samples: int, replay_levels: int = 0) -
                     merged.append((case.key, None if merge is None
                                    else f"{merge.title}: {merge.content}"))
         results[label] = {"counts": counts, "seconds": time.perf_counter() - started}
-        for row, n_kind in counts.items():
-            n = sum(n_kind.values())
-            if not n:
-                continue
-            low, high = wilson_interval(n_kind["right"], n)
-            print(f"  {label:8s} {row:15s}: right {n_kind['right']:3d}/{n} = "
-                  f"{100 * n_kind['right'] / n:5.1f}% [{100 * low:.1f}, {100 * high:.1f}], other "
-                  f"{n_kind['other']}, malformed {n_kind['malformed']}", flush=True)
-        for text in examples:
-            print(f"    e.g. {text}")
+        print_counts(label, counts, examples)
     if replay_levels and merged:
         results["merge replay"] = replayed = replay_lessons(cfg, merged, replay_levels)
         print_replay("merge", replayed, replay_levels)
@@ -328,7 +318,6 @@ def measure(cfg, extractor: str, dtype: str, count: int, samples: int,
 
 def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int,
          replay_levels: int, played: list) -> dict:
-    from crl_harness.eval import wilson_interval
 
     oracle_played = heldout_episodes(cfg, backend, count)
     episodes = oracle_played + played
@@ -361,22 +350,30 @@ def _ask(cfg, backend, extractor: str, dtype: str, count: int, samples: int,
                 if kind != "right" and len(examples) < 3:
                     examples.append(f"{case}: {answer.text[:150]!r}")
         results[label] = {"counts": counts, "seconds": time.perf_counter() - started}
-        for case, row in counts.items():
-            n = sum(row.values())
-            if not n:
-                continue
-            low, high = wilson_interval(row["right"], n)
-            print(f"  {label:8s} {case:15s}: right {row['right']:3d}/{n} = "
-                  f"{100 * row['right'] / n:5.1f}% [{100 * low:.1f}, {100 * high:.1f}], other "
-                  f"{row['other']}, malformed {row['malformed']}", flush=True)
-        for text in examples:
-            print(f"    e.g. {text}")
+        print_counts(label, counts, examples)
     for case, name in (("add", "replay"), ("actor: add", "actor replay")):
         if not replay_levels or not added[case]:
             continue
         results[name] = replayed = replay_lessons(cfg, added[case], replay_levels)
         print_replay(case, replayed, replay_levels)
     return results
+
+
+def print_counts(label: str, counts: dict[str, dict[str, int]], examples: list[str]) -> None:
+    """Each case's right, other and malformed answers (right with its 95% Wilson interval),
+    then a few answers that were not right."""
+    from crl_harness.eval import wilson_interval
+
+    for case, row in counts.items():
+        n = sum(row.values())
+        if not n:
+            continue
+        low, high = wilson_interval(row["right"], n)
+        print(f"  {label:8s} {case:15s}: right {row['right']:3d}/{n} = "
+              f"{100 * row['right'] / n:5.1f}% [{100 * low:.1f}, {100 * high:.1f}], other "
+              f"{row['other']}, malformed {row['malformed']}", flush=True)
+    for text in examples:
+        print(f"    e.g. {text}")
 
 
 def print_replay(case: str, replayed: dict, replay_levels: int) -> None:
